@@ -57,6 +57,8 @@ class Sequence:
     first_token_time: float | None = None
     deadline: float | None = None  # monotonic time after which the request is cut off
     error: str | None = None
+    index: int = 0  # choice index within its request (n > 1)
+    leader: Sequence | None = None  # choice 0 of the request; later choices wait for its prefill
 
     @property
     def prompt_len(self) -> int:

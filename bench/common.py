@@ -1,0 +1,56 @@
+"""Helpers shared by the benchmarks: peak memory, JSON output, the closing table."""
+
+from __future__ import annotations
+
+import json
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cuda_peak_mib() -> float | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.max_memory_allocated() / 2**20
+
+
+def machine() -> dict[str, Any]:
+    import os
+
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "argv": sys.argv,
+    }
+
+
+def write_json(path: str | Path, data: dict[str, Any]) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps({"machine": machine(), **data}, indent=2))
+
+
+def table(rows: list[dict[str, Any]], cols: list[str]) -> str:
+    def fmt(v: Any) -> str:
+        return f"{v:.3f}" if isinstance(v, float) and abs(v) < 10 else (f"{v:.1f}" if isinstance(v, float) else str(v))
+
+    cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)

@@ -1,0 +1,88 @@
+"""Offline generation throughput: rillet's engine vs Hugging Face transformers `generate`.
+
+Same model (the default SmolLM2-135M GGUF, fp32), same prompts, same machine, greedy, a fixed
+number of new tokens (EOS ignored). Batch 1 and a batch of 16. Prints a table last, writes JSON.
+
+    .venv/bin/python bench/offline_throughput.py [--tokens 64] [--batch 1 16] [--out bench/out/offline.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import peak_rss_mib, table, write_json  # noqa: E402
+
+from rillet.core.config import config_from_dict  # noqa: E402
+from rillet.core.default_model import default_model_path  # noqa: E402
+from rillet.core.llm import LLM  # noqa: E402
+from rillet.core.sampling_params import SamplingParams  # noqa: E402
+
+PROMPTS = [f"Write a short story number {i} about a robot who learns to paint." for i in range(64)]
+
+
+def bench_rillet(batch: int, tokens: int) -> float:
+    cfg = config_from_dict({"model": {"dtype": "float32", "device": "cpu"}, "cache": {"num_blocks": 1024}})
+    with LLM(cfg) as llm:
+        params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+        llm.generate(PROMPTS[:batch], params)  # warm-up
+        t0 = time.perf_counter()
+        outs = llm.generate(PROMPTS[batch : 2 * batch], params)
+        dt = time.perf_counter() - t0
+    n = sum(len(o.outputs[0].token_ids) for o in outs)
+    return n / dt
+
+
+def bench_hf(batch: int, tokens: int) -> float:
+    import transformers
+
+    path = default_model_path()
+    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tok.padding_side = "left"
+    tok.pad_token = tok.eos_token
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+
+    def run(prompts: list[str]) -> int:
+        enc = tok(prompts, return_tensors="pt", padding=True)
+        with torch.inference_mode():
+            out = model.generate(
+                **enc, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=tok.pad_token_id
+            )
+        return (out.shape[1] - enc.input_ids.shape[1]) * len(prompts)
+
+    run(PROMPTS[:batch])
+    t0 = time.perf_counter()
+    n = run(PROMPTS[batch : 2 * batch])
+    return n / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--out", default="bench/out/offline_throughput.json")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    rows = []
+    for b in a.batch:
+        r = bench_rillet(b, a.tokens)
+        h = None if a.skip_hf else bench_hf(b, a.tokens)
+        rows.append({"batch": b, "rillet_tok_s": r, "hf_tok_s": h, "speedup": (r / h) if h else None})
+    rss = peak_rss_mib()
+    for row in rows:
+        row["peak_rss_mib"] = rss
+    write_json(a.out, {"tokens": a.tokens, "threads": a.threads, "rows": rows})
+    print(table(rows, ["batch", "rillet_tok_s", "hf_tok_s", "speedup", "peak_rss_mib"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""The engine: an `EngineCore` driven by its own thread, fed through a lock-free inbox.
+
+Other threads (the event loop, the offline API) call `add_request` / `abort`; those append to a
+deque (atomic under the GIL) and set an Event only when the engine is idle. The engine thread
+drains the inbox at the top of every step, so an abort takes effect within one step. Each step's
+deltas go out as one `StepOutput` through the SPSC ring (core/ring.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .config import RilletConfig
+from .engine_core import EngineCore
+from .model_loader import Runtime, load_runtime
+from .outputs import StepOutput
+from .request import FinishReason, Sequence
+from .ring import RingClosed, SpscRing
+from .sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class QueueFullError(Exception):
+    """The waiting queue is at `scheduler.max_waiting`: try again later (HTTP 429)."""
+
+
+class EngineDeadError(Exception):
+    """The engine thread has died; no request can be served (HTTP 503)."""
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: int
+    waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    steps: int
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    generated_tokens: int
+    cached_blocks: int
+
+
+_Add = tuple[str, list[Sequence]]
+_Abort = str
+
+
+class Engine:
+    def __init__(self, cfg: RilletConfig, progress: Callable[[str, float], None] | None = None) -> None:
+        self.cfg = cfg
+        rt: Runtime = load_runtime(cfg, progress)
+        self.runtime = rt
+        self.tokenizer = rt.tokenizer
+        self.model_name = rt.model_name
+        self.max_model_len = rt.max_model_len
+        self.core = EngineCore(rt.scheduler, rt.runner, rt.make_detokenizer, rt.max_model_len)
+        self.ring: SpscRing[StepOutput] = SpscRing(cfg.stream.ring_capacity)
+        self._inbox: deque[_Add | tuple[str, _Abort]] = deque()
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._seq_ids = itertools.count()
+        # Requests added / taken from the inbox; one writer each, so the difference is exact.
+        self._added = 0
+        self._taken = 0
+        self.error: str | None = None
+        self._dead = False
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="rillet-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stop = True
+        self.ring.close()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def healthy(self) -> bool:
+        return not self._dead
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # ---- requests (any thread) ----------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        n: int = 1,
+        deadline: float | None = None,
+    ) -> None:
+        if self._dead:
+            raise EngineDeadError(self.error or "engine is not running")
+        if not prompt_ids:
+            raise ValueError("prompt: must contain at least one token")
+        if len(prompt_ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt: {len(prompt_ids)} prompt tokens + max_tokens {params.max_tokens} exceed the "
+                f"context length {self.max_model_len}"
+            )
+        if self.core.num_waiting + self._added - self._taken >= self.cfg.scheduler.max_waiting:
+            raise QueueFullError(f"waiting queue is full ({self.cfg.scheduler.max_waiting})")
+        seqs = self._make_seqs(request_id, prompt_ids, params, n, deadline)
+        self._added += 1
+        self._inbox.append(("add", (request_id, seqs)))
+        self._wake.set()
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.append(("abort", request_id))
+        self._wake.set()
+
+    def _make_seqs(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, n: int, deadline: float | None
+    ) -> list[Sequence]:
+        seqs: list[Sequence] = []
+        for i in range(n):
+            p = params
+            if i and params.seed is not None:
+                p = SamplingParams(**{**params.__dict__, "seed": params.seed + i})
+            seq = Sequence(next(self._seq_ids), request_id, list(prompt_ids), p, index=i, deadline=deadline)
+            seq.leader = seqs[0] if seqs else None
+            seqs.append(seq)
+        return seqs
+
+    def stats(self) -> EngineStats:
+        blocks = self.core.blocks
+        return EngineStats(
+            running=self.core.num_running,
+            waiting=self.core.num_waiting + self._added - self._taken,
+            kv_blocks_used=blocks.num_used,
+            kv_blocks_total=blocks.num_usable,
+            steps=self.core.steps,
+            prompt_tokens=blocks.stats.queried_tokens,
+            cached_prompt_tokens=blocks.stats.hit_tokens,
+            generated_tokens=self.core.generated_tokens,
+            cached_blocks=blocks.num_cached,
+        )
+
+    # ---- the engine thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stop:
+                aborted = self._drain_inbox()
+                if not self.core.has_work() and not aborted:
+                    self._wake.wait(0.1)
+                    self._wake.clear()
+                    continue
+                out = self.core.step()
+                if aborted:
+                    out = StepOutput(self.core.steps, aborted.deltas + (out.deltas if out else []))
+                if out is not None and out.deltas:
+                    self.ring.push(out)
+        except RingClosed:
+            pass
+        except BaseException as exc:
+            self.error = f"engine thread died: {type(exc).__name__}: {exc}"
+            log.exception("engine thread died")
+            self._dead = True
+            self._fail_everything()
+            raise
+
+    def _drain_inbox(self) -> StepOutput | None:
+        deltas = []
+        inbox = self._inbox
+        while inbox:
+            kind, item = inbox.popleft()
+            if kind == "add":
+                assert isinstance(item, tuple)
+                self.core.add(item[1])
+                self._taken += 1
+            else:
+                assert isinstance(item, str)
+                deltas.extend(self.core.abort(item))
+        return StepOutput(self.core.steps, deltas) if deltas else None
+
+    def _fail_everything(self) -> None:
+        """After a crash: tell every live request, so no client waits forever."""
+        deltas = []
+        for rid in list(self.core.seqs):
+            try:
+                deltas.extend(self.core.abort(rid, FinishReason.ERROR, self.error))
+            except Exception:
+                log.exception("while failing request %s", rid)
+        if deltas:
+            try:
+                self.ring.push(StepOutput(self.core.steps, deltas), timeout=1.0)
+            except (TimeoutError, RingClosed):
+                pass
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """True once no request is queued, running or in the inbox (for tests and draining)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self._inbox and not self.core.has_work() and self._added == self._taken:
+                return True
+            time.sleep(0.005)
+        return False

@@ -1,0 +1,171 @@
+"""One engine step, synchronously: schedule, run, sample, detokenize, stop, publish deltas.
+
+Threading lives in engine.py; this class is driven by exactly one thread and holds no locks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .block_manager import BlockManager
+from .detokenizer import IncrementalDetokenizer
+from .model_runner import Runner
+from .outputs import SeqDelta, StepOutput
+from .request import FinishReason, Sequence, SeqStatus, TokenLogprob
+from .sampler import SampleResult
+from .scheduler import ScheduledBatch, Scheduler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    """A sequence's unpublished output of this step."""
+
+    token_ids: list[int]
+    text: str
+    logprobs: list[TokenLogprob] | None
+
+
+class EngineCore:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        runner: Runner,
+        make_detokenizer: Callable[[Sequence], IncrementalDetokenizer],
+        max_model_len: int,
+    ) -> None:
+        self.scheduler = scheduler
+        self.blocks: BlockManager = scheduler.blocks
+        self.runner = runner
+        self.make_detokenizer = make_detokenizer
+        self.max_model_len = max_model_len
+        self.seqs: dict[str, list[Sequence]] = {}  # request_id -> its live choices
+        self._detok: dict[int, IncrementalDetokenizer] = {}
+        self.steps = 0
+        self.generated_tokens = 0
+        # Fault injection for tests: request ids whose post-processing raises.
+        self.fail_request_ids: set[str] = set()
+
+    # ---- requests ----------------------------------------------------------------------------
+    def add(self, seqs: list[Sequence]) -> None:
+        self.seqs[seqs[0].request_id] = seqs
+        for seq in seqs:
+            self._detok[seq.seq_id] = self.make_detokenizer(seq)
+            self.scheduler.add(seq)
+
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT, error: str | None = None) -> list[SeqDelta]:
+        deltas = []
+        for seq in self.seqs.get(request_id, []):
+            if not seq.is_finished:
+                seq.error = error
+                self._finish(seq, reason)
+                deltas.append(self._delta(seq, _Pending([], "", None)))
+        self.seqs.pop(request_id, None)
+        return deltas
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- the step ----------------------------------------------------------------------------
+    def step(self) -> StepOutput | None:
+        deltas = self._expire_deadlines()
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return StepOutput(self.steps, deltas) if deltas else None
+        self.steps += 1
+        try:
+            sampled, result = self.runner.step(batch)
+        except Exception as exc:  # a failed forward fails this batch, not the engine
+            log.exception("model step failed; failing %d sequences", len(batch.seqs))
+            for seq in list(batch.seqs):
+                deltas.extend(self.abort(seq.request_id, FinishReason.ERROR, f"model step failed: {exc}"))
+            return StepOutput(self.steps, deltas)
+        self._advance(batch)
+        deltas.extend(self._postprocess(sampled, result))
+        return StepOutput(self.steps, deltas)
+
+    def _advance(self, batch: ScheduledBatch) -> None:
+        for seq, n in zip(batch.seqs, batch.num_new, strict=True):
+            seq.num_computed += n
+            self.blocks.commit(seq)
+
+    def _postprocess(self, sampled: list[Sequence], result: SampleResult) -> list[SeqDelta]:
+        deltas: list[SeqDelta] = []
+        now = time.monotonic()
+        for i, seq in enumerate(sampled):
+            if seq.is_finished:
+                continue
+            try:
+                if seq.request_id in self.fail_request_ids:
+                    raise RuntimeError("injected fault")
+                pending = self._append_token(seq, result.token_ids[i], result.logprobs[i], now)
+            except Exception as exc:
+                log.exception("request %s failed in post-processing", seq.request_id)
+                deltas.extend(self.abort(seq.request_id, FinishReason.ERROR, f"{type(exc).__name__}: {exc}"))
+                continue
+            if pending is not None:
+                deltas.append(self._delta(seq, pending))
+        return deltas
+
+    def _append_token(
+        self, seq: Sequence, token: int, logprob: TokenLogprob | None, now: float
+    ) -> _Pending | None:
+        seq.output_ids.append(token)
+        self.generated_tokens += 1
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        text, reason = self._detok[seq.seq_id].add(token, len(seq.output_ids))
+        if reason is None and seq.num_tokens >= self.max_model_len:
+            reason = FinishReason.LENGTH
+            text += self._detok[seq.seq_id].flush()
+        if reason is not None:
+            self._finish(seq, reason)
+        return _Pending([token], text, [logprob] if logprob is not None else None)
+
+    # ---- finishing ---------------------------------------------------------------------------
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        self.scheduler.finish(seq, reason)
+        self.runner.release(seq)
+        self._detok.pop(seq.seq_id, None)
+        group = self.seqs.get(seq.request_id)
+        if group is not None and all(s.is_finished for s in group):
+            del self.seqs[seq.request_id]
+
+    def _expire_deadlines(self) -> list[SeqDelta]:
+        deltas: list[SeqDelta] = []
+        if not self.seqs:
+            return deltas
+        now = time.monotonic()
+        expired = [
+            rid for rid, group in self.seqs.items()
+            if group[0].deadline is not None and now > group[0].deadline
+        ]
+        for rid in expired:
+            deltas.extend(self.abort(rid, FinishReason.ERROR, "request deadline exceeded"))
+        return deltas
+
+    def _delta(self, seq: Sequence, p: _Pending) -> SeqDelta:
+        return SeqDelta(
+            request_id=seq.request_id,
+            index=seq.index,
+            token_ids=p.token_ids,
+            text=p.text,
+            logprobs=p.logprobs,
+            finish_reason=seq.finish_reason if seq.status is SeqStatus.FINISHED else None,
+            prompt_tokens=seq.prompt_len,
+            cached_tokens=seq.num_cached,
+            completion_tokens=len(seq.output_ids),
+            error=seq.error,
+        )

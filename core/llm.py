@@ -1,0 +1,102 @@
+"""The offline API: `LLM(config).generate(prompts, params)` drives the threaded engine to completion."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+from .config import RilletConfig, load_config
+from .engine import Engine
+from .request import FinishReason, TokenLogprob
+from .sampling_params import SamplingParams
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    logprobs: list[TokenLogprob] | None = None
+    cached_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_ids: list[int]
+    outputs: list[CompletionOutput]
+
+    @property
+    def finished(self) -> bool:
+        return all(o.finish_reason is not None for o in self.outputs)
+
+
+class LLM:
+    """Owns an engine (started on construction) and consumes its ring on the caller's thread."""
+
+    def __init__(self, cfg: RilletConfig | None = None, overrides: Seq[str] = ()) -> None:
+        cfg = cfg if cfg is not None else load_config(None, list(overrides))
+        self.engine = Engine(cfg)
+        self.tokenizer = self.engine.tokenizer
+        self._event = threading.Event()
+        self.engine.ring.set_notifier(self._event.set)
+        self.engine.start()
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def generate(
+        self,
+        prompts: Seq[str] | Seq[list[int]],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+        n: int = 1,
+    ) -> list[RequestOutput]:
+        """All prompts are submitted at once, so they run batched; results in prompt order."""
+        plist = list(params) if isinstance(params, list | tuple) else [params or SamplingParams()] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ValueError("params: need one SamplingParams per prompt, or a single one")
+        results: dict[str, RequestOutput] = {}
+        order: list[str] = []
+        for prompt, p in zip(prompts, plist, strict=True):
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            rid = uuid.uuid4().hex
+            results[rid] = RequestOutput(rid, ids, [CompletionOutput(i) for i in range(n)])
+            order.append(rid)
+            self.engine.add_request(rid, ids, p, n=n)
+        self._collect(results)
+        return [results[rid] for rid in order]
+
+    def _collect(self, results: dict[str, RequestOutput]) -> None:
+        unfinished = len(results)
+        ring = self.engine.ring
+        while unfinished:
+            for step in ring.pop_all():
+                for d in step.deltas:
+                    req = results.get(d.request_id)
+                    if req is None:
+                        continue
+                    out = req.outputs[d.index]
+                    out.token_ids.extend(d.token_ids)
+                    out.text += d.text
+                    out.cached_tokens = d.cached_tokens
+                    if d.logprobs is not None:
+                        out.logprobs = (out.logprobs or []) + d.logprobs
+                    if d.finish_reason is not None:
+                        out.finish_reason, out.error = d.finish_reason, d.error
+                        unfinished -= req.finished
+            if unfinished and ring.prepare_wait():
+                if not self.engine.healthy:
+                    raise RuntimeError(self.engine.error or "engine died")
+                self._event.wait(0.5)
+                self._event.clear()
+                ring.cancel_wait()

@@ -1,0 +1,207 @@
+"""From a `RilletConfig` to everything the engine runs: tokenizer, model, KV pool, scheduler, runner.
+
+Model kinds: `gguf` (a .gguf file; the default model), `hf` (a local Hugging Face folder), `shape`
+(random weights in a named architecture, for benchmarks), `synthetic` (the null engine: no model).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .attention import AttentionBackend
+from .block_manager import BlockManager
+from .config import ConfigError, RilletConfig
+from .default_model import default_model_path
+from .detokenizer import IncrementalDetokenizer
+from .model import DecoderModel, allocate_kv_cache, build_model
+from .model_arch import ModelArch
+from .model_runner import ModelRunner, Runner, SyntheticRunner
+from .request import Sequence
+from .sampler import Sampler
+from .scheduler import Scheduler
+from .shapes import shape_arch
+from .tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, float], None]
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Runtime:
+    tokenizer: Tokenizer
+    model_name: str
+    max_model_len: int
+    scheduler: Scheduler
+    runner: Runner
+    make_detokenizer: Callable[[Sequence], IncrementalDetokenizer]
+    device: torch.device
+    dtype: torch.dtype
+    arch: ModelArch | None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("model.device", "cuda was asked for but no CUDA device is available")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+def resolve_model(cfg: RilletConfig) -> tuple[str, Path | None]:
+    """-> (kind, path); validates the path up front with a message naming the key."""
+    m = cfg.model
+    if m.kind == "shape":
+        return "shape", None
+    path = Path(m.path).expanduser() if m.path else default_model_path()
+    if not path.exists():
+        raise ConfigError("model.path", f"{path} does not exist (a .gguf file or a Hugging Face folder)")
+    kind = m.kind
+    if kind == "auto":
+        kind = "hf" if path.is_dir() else "gguf"
+    if kind == "gguf" and not path.is_file():
+        raise ConfigError("model.path", f"{path} is not a .gguf file")
+    if kind == "hf" and not (path / "config.json").is_file():
+        raise ConfigError("model.path", f"{path} is not a Hugging Face folder (no config.json)")
+    return kind, path
+
+
+def load_tokenizer(kind: str, path: Path | None) -> Tokenizer:
+    if kind == "hf":
+        assert path is not None
+        if (path / "tokenizer.json").is_file():
+            return Tokenizer.from_hf_folder(path)
+        log.warning("%s has no tokenizer.json: using the default model's tokenizer", path)
+    # gguf, and shape/synthetic models borrow the default model's (or the given file's) tokenizer
+    return Tokenizer.from_gguf(path if path is not None and path.is_file() else default_model_path())
+
+
+def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime:
+    report: Progress = progress or (lambda stage, frac: None)
+    device = resolve_device(cfg.model.device)
+    dtype = resolve_dtype(cfg.model.dtype, device)
+    kind, path = resolve_model(cfg)
+    report("tokenizer", 0.0)
+    tokenizer = load_tokenizer(kind, path)
+    name = cfg.model.served_name or _served_name(kind, path, cfg)
+    if kind == "synthetic":
+        return _synthetic_runtime(cfg, tokenizer, name, device, dtype, report)
+    report("weights", 0.1)
+    arch, model = _load_model(cfg, kind, path, device, dtype, report)
+    max_len = min(cfg.model.max_model_len or arch.max_position, arch.max_position)
+    blocks = BlockManager(_num_blocks(cfg, arch, dtype, device), cfg.cache.block_size, cfg.cache.prefix_caching)
+    report("kv cache", 0.9)
+    runner = _model_runner(cfg, model, arch, blocks.num_blocks, tokenizer, device, dtype)
+    report("ready", 1.0)
+    log.info(
+        "model %s (%s, %s on %s): %d layers, context %d, KV pool %d blocks x %d tokens",
+        name, kind, str(dtype).removeprefix("torch."), device, arch.num_layers, max_len,
+        blocks.num_usable, cfg.cache.block_size,
+    )
+    return Runtime(tokenizer, name, max_len, Scheduler(cfg.scheduler, blocks), runner,
+                   _detokenizer_factory(tokenizer), device, dtype, arch)
+
+
+def _served_name(kind: str, path: Path | None, cfg: RilletConfig) -> str:
+    if kind == "shape":
+        return f"shape-{cfg.model.shape}"
+    if kind == "synthetic":
+        return "synthetic"
+    assert path is not None
+    return path.stem if path.is_file() else path.name
+
+
+def _model_runner(
+    cfg: RilletConfig,
+    model: DecoderModel,
+    arch: ModelArch,
+    num_blocks: int,
+    tok: Tokenizer,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> ModelRunner:
+    kv = allocate_kv_cache(arch, num_blocks, cfg.cache.block_size, dtype, device)
+    eos = tuple(sorted(set(tok.eos_token_ids) | set(arch.eos_token_ids)))
+    sampler = Sampler(arch.vocab_size, eos, device)
+    return ModelRunner(model, kv, sampler, cfg.cache.block_size, device)
+
+
+def make_backend(cfg: RilletConfig, device: torch.device) -> AttentionBackend:
+    from .attention_torch import TorchAttentionBackend  # noqa: PLC0415
+
+    return TorchAttentionBackend()
+
+
+def _load_model(
+    cfg: RilletConfig, kind: str, path: Path | None, device: torch.device, dtype: torch.dtype, report: Progress
+) -> tuple[ModelArch, DecoderModel]:
+    if kind == "shape":
+        arch = shape_arch(cfg.model.shape)
+        model = build_model(arch, make_backend(cfg, device), dtype, device, cfg.model.max_model_len)
+        model.init_random(cfg.model.seed)
+        return arch, model
+    assert path is not None
+    if kind == "gguf":
+        from .loader_gguf import load_gguf  # noqa: PLC0415
+
+        arch, weights = load_gguf(path, dtype, cache_dir=cfg.model.cache_dir)
+    else:
+        from .loader_hf import load_hf_folder  # noqa: PLC0415
+
+        arch, weights = load_hf_folder(path, dtype)
+    model = build_model(arch, make_backend(cfg, device), dtype, device, cfg.model.max_model_len)
+    model.load_weights(weights)
+    report("weights", 0.8)
+    return arch, model
+
+
+def _num_blocks(cfg: RilletConfig, arch: ModelArch, dtype: torch.dtype, device: torch.device) -> int:
+    if cfg.cache.num_blocks is not None:
+        return cfg.cache.num_blocks
+    per_block = 2 * arch.num_layers * cfg.cache.block_size * arch.num_kv_heads * arch.head_dim
+    per_block *= torch.finfo(dtype).bits // 8
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = free * cfg.cache.memory_fraction
+    else:
+        budget = cfg.cache.memory_gb * 2**30
+    return max(2, int(budget // per_block))
+
+
+def _synthetic_runtime(
+    cfg: RilletConfig, tok: Tokenizer, name: str, device: torch.device, dtype: torch.dtype, report: Progress
+) -> Runtime:
+    special = tok.special_token_ids
+    table = tok.token_bytes_table()
+    # Ordinary ASCII word pieces only, so synthetic text is readable and never hits EOS.
+    pool = [i for i in range(min(len(table), 5000)) if i not in special and table[i].isascii() and table[i].strip()]
+    max_len = cfg.model.max_model_len or 8192
+    num_blocks = cfg.cache.num_blocks or 4096
+    blocks = BlockManager(num_blocks, cfg.cache.block_size, cfg.cache.prefix_caching)
+    report("ready", 1.0)
+    runner = SyntheticRunner(cfg.model.synthetic_step_ms, pool)
+    return Runtime(tok, name, max_len, Scheduler(cfg.scheduler, blocks), runner,
+                   _detokenizer_factory(tok), device, dtype, None)
+
+
+def _detokenizer_factory(tok: Tokenizer) -> Callable[[Sequence], IncrementalDetokenizer]:
+    table = tok.token_bytes_table()
+    special = tok.special_token_ids
+    eos = tok.eos_token_ids
+
+    def make(seq: Sequence) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(table, special, seq.params, eos)
+
+    return make

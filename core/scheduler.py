@@ -1,0 +1,111 @@
+"""Continuous batching: which sequences run this step, and how many new tokens each feeds.
+
+Every step, within `max_num_batched_tokens` and `max_num_seqs`:
+  1. running sequences first, in admission order: a decode feeds 1 token, a prefill feeds the next
+     chunk of its prompt (chunked prefill); if the pool has no block for one, the most recently
+     admitted running sequence is preempted (blocks freed, recomputed later from prompt + output
+     so far, so its output continues exactly where it stopped);
+  2. then waiting sequences are admitted in arrival order (preempted ones first), each taking its
+     prefix-cache hits and a first chunk, while the budget, the batch cap and free blocks allow.
+No tensors and no CUDA here: the scheduler is plain Python and unit-tested on CPU.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .config import SchedulerConfig
+from .request import FinishReason, Sequence, SeqStatus
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new: list[int] = field(default_factory=list)  # tokens fed per sequence this step
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, blocks: BlockManager) -> None:
+        self.cfg = cfg
+        self.blocks = blocks
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    # ---- queue management --------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """Removes a sequence wherever it is and frees its blocks."""
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SeqStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        self.blocks.free(seq)
+
+    # ---- the step ----------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.cfg.max_num_batched_tokens
+        budget = self._schedule_running(batch, budget)
+        if not batch.preempted:
+            self._admit_waiting(batch, budget)
+        return batch
+
+    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed, budget)
+            while not self.blocks.grow(seq, seq.num_computed + n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                if victim is seq:
+                    return budget
+            batch.seqs.append(seq)
+            batch.num_new.append(n)
+            budget -= n
+            i += 1
+        return budget
+
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            seq = self.waiting[0]
+            if seq.leader is not None and not seq.leader.is_finished and seq.leader.in_prefill:
+                break  # n > 1 copies wait for the shared prompt to be cached, then reuse it
+            n = self.blocks.admit(seq, budget)
+            if n == 0:
+                break
+            self.waiting.popleft()
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            batch.seqs.append(seq)
+            batch.num_new.append(n)
+            budget -= n
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq)
+        seq.status = SeqStatus.WAITING
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def num_free_blocks_after(self) -> int:
+        return self.blocks.num_free
