@@ -1,0 +1,225 @@
+"""Paged attention with flashinfer (CUDA): BatchPrefill/BatchDecode WithPagedKVCacheWrapper, NHD.
+
+Per step, `begin_step` (host, never inside a graph) turns the metadata into flashinfer's paged
+layout and calls plan() on exactly one wrapper:
+  - a step with prefills: the prefill wrapper (causal, bottom-right aligned, so decode rows mixed
+    into the step are served by it too);
+  - a decode-only step of n rows: the CUDA-graph decode wrapper built for bucket n when n is one
+    of `graph_batch_sizes`, else the plain decode wrapper.
+Graph wrappers share one set of fixed indptr / indices / last_page_len buffers (only one is planned
+per step, and a captured graph reads the same addresses at replay, after a fresh plan()).
+
+`forward` calls a torch custom op, opaque to torch.compile, that writes the new K/V at
+slot_mapping and runs the planned wrapper. The op declares no mutated arguments on purpose: the
+KV cache (2 x layers aliased views of one pool) is state the compiler must not functionalize,
+which risks copies of the cache; the write happens inside the op, in stream order, the way vLLM
+keeps the cache out of its compiled graph. Verified on CPU with inductor: no copy, writes land.
+
+flashinfer is imported in the constructor, so importing this module never needs it.
+"""
+
+from __future__ import annotations
+
+import uuid
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .attention import AttentionBackend, AttentionMetadata
+
+WORKSPACE_BYTES = 128 * 1024 * 1024  # flashinfer's recommended float workspace (split-k partials)
+TENSOR_CORE_MIN_GROUP = 4  # GQA group at which flashinfer's tensor-core decode wins (as sglang)
+
+AttentionOp = Callable[..., torch.Tensor]
+
+
+def paged_kv_host(
+    seq_lens_cpu: Sequence[int], block_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Host (CPU int32) page layout: kv_indptr [B+1], last_page_len [B], pages per sequence [B].
+
+    A context of 0 tokens is treated as 1 (the dummy slot its block table points at), so every
+    row owns >= 1 page and 1 <= last_page_len <= block_size, as flashinfer requires.
+    """
+    seq = torch.tensor(seq_lens_cpu, dtype=torch.int32).clamp(min=1)
+    pages = (seq + block_size - 1) // block_size
+    indptr = torch.zeros(len(seq_lens_cpu) + 1, dtype=torch.int32)
+    torch.cumsum(pages, 0, out=indptr[1:])
+    return indptr, seq - (pages - 1) * block_size, pages
+
+
+def qo_indptr_host(query_lens_cpu: Sequence[int]) -> torch.Tensor:  # [B+1] int32 CPU
+    indptr = torch.zeros(len(query_lens_cpu) + 1, dtype=torch.int32)
+    torch.cumsum(torch.tensor(query_lens_cpu, dtype=torch.int32), 0, out=indptr[1:])
+    return indptr
+
+
+def page_indices(
+    block_tables: torch.Tensor,  # [B, W] int32 on the device
+    kv_indptr: torch.Tensor,  # [B+1] int32 CPU
+    pages: torch.Tensor,  # [B] int32 CPU
+) -> torch.Tensor:  # [kv_indptr[-1]] int32 on the device: each sequence's used blocks, concatenated
+    """Gathers on the device with host-computed positions: no device->host sync."""
+    n, width = block_tables.shape
+    total = int(kv_indptr[-1])
+    reps = pages.long()
+    rows = torch.repeat_interleave(torch.arange(n), reps, output_size=total)
+    cols = torch.arange(total) - torch.repeat_interleave(kv_indptr[:-1].long(), reps, output_size=total)
+    flat = (rows * width + cols).to(block_tables.device, non_blocking=True)
+    return block_tables.reshape(-1).index_select(0, flat)
+
+
+class FlashInferAttentionBackend(AttentionBackend):
+    name = "flashinfer"
+    supports_cuda_graphs = True  # forward is capturable once begin_step has planned the step
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        *,
+        sm_scale: float | None = None,
+        graph_batch_sizes: Sequence[int] = (),
+        max_blocks_per_seq: int = 0,
+        workspace_bytes: int | None = None,  # None = WORKSPACE_BYTES
+    ) -> None:
+        import flashinfer
+
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.block_size, self.dtype, self.device = block_size, dtype, torch.device(device)
+        self.sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
+        self.tensor_cores = num_heads // num_kv_heads >= TENSOR_CORE_MIN_GROUP
+        # zeroed: flashinfer requires it before first use; one workspace for every wrapper
+        nbytes = WORKSPACE_BYTES if workspace_bytes is None else workspace_bytes
+        self._workspace = torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
+        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
+        self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self._workspace, "NHD", use_tensor_cores=self.tensor_cores
+        )
+        self._graph_decode = self._graph_wrappers(flashinfer, graph_batch_sizes, max_blocks_per_seq)
+        self._active: Any = None  # the wrapper planned for this step
+        self._planned: torch.cuda.Event | None = None  # recorded after the last plan()'s copies
+        self._op = _register_attention_op(self)
+
+    def _graph_wrappers(
+        self, flashinfer: Any, sizes: Sequence[int], max_blocks_per_seq: int
+    ) -> dict[int, Any]:
+        if not sizes:
+            return {}
+        if max_blocks_per_seq < 1:
+            raise ValueError(
+                "graph_batch_sizes needs max_blocks_per_seq >= 1 (to size the page-index buffer)"
+            )
+        rows = max(sizes)
+        self._indptr_buf = torch.zeros(rows + 1, dtype=torch.int32, device=self.device)
+        self._indices_buf = torch.zeros(rows * max_blocks_per_seq, dtype=torch.int32, device=self.device)
+        self._last_page_buf = torch.ones(rows, dtype=torch.int32, device=self.device)
+        return {
+            n: flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self._workspace,
+                "NHD",
+                use_cuda_graph=True,
+                use_tensor_cores=self.tensor_cores,
+                paged_kv_indptr_buffer=self._indptr_buf[: n + 1],
+                paged_kv_indices_buffer=self._indices_buf,
+                paged_kv_last_page_len_buffer=self._last_page_buf[:n],
+            )
+            for n in sorted(set(sizes))
+        }
+
+    def begin_step(self, meta: AttentionMetadata) -> None:
+        # plan() stages its schedule in a pinned host buffer and copies it to the device
+        # asynchronously; before overwriting that buffer, the previous plan's copy must have run
+        # (it may not have yet when the engine prepares step N+1 while step N is in flight).
+        if self._planned is not None:
+            self._planned.synchronize()
+        kv_indptr, last_page_len, pages = paged_kv_host(meta.seq_lens_cpu, meta.block_size)
+        indices = page_indices(meta.block_tables, kv_indptr, pages)
+        common: dict[str, Any] = {
+            "sm_scale": self.sm_scale,
+            "q_data_type": self.dtype,
+            "kv_data_type": self.dtype,
+        }
+        heads = (self.num_heads, self.num_kv_heads, self.head_dim, meta.block_size)
+        if meta.is_decode_only:
+            wrapper = self._graph_decode.get(meta.num_seqs, self._decode)
+            wrapper.plan(kv_indptr, indices, last_page_len, *heads, pos_encoding_mode="NONE", **common)
+        else:
+            wrapper = self._prefill
+            qo = qo_indptr_host(meta.query_lens_cpu)
+            wrapper.plan(qo, kv_indptr, indices, last_page_len, *heads, causal=True, **common)
+        self._active = wrapper
+        if self.device.type == "cuda":
+            self._planned = torch.cuda.Event()
+            self._planned.record()
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, Hq, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,  # [T, Hkv, D]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [T, Hq, D]
+        if abs(scale - self.sm_scale) > 1e-6 * self.sm_scale:
+            raise ValueError(f"flashinfer backend planned sm_scale {self.sm_scale}, forward got {scale}")
+        return self._op(q, k, v, k_cache, v_cache, meta.slot_mapping)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> torch.Tensor:
+        """The op's body (eager, also while being captured): write K/V, run the planned wrapper."""
+        if self._active is None:
+            raise RuntimeError("flashinfer backend: forward before begin_step() planned the step")
+        slots = slot_mapping.clamp(min=0)  # -1 (a padding convention of other callers) -> dummy slot 0
+        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
+        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
+        out: torch.Tensor = self._active.run(q.contiguous(), (k_cache, v_cache))
+        return out
+
+
+def _register_attention_op(backend: FlashInferAttentionBackend) -> AttentionOp:
+    """A custom op bound to one backend (a weak reference: the op outlives nothing it owns)."""
+    owner = weakref.ref(backend)
+    name = f"rillet::flashinfer_attention_{uuid.uuid4().hex[:16]}"
+
+    @torch.library.custom_op(name, mutates_args=())
+    def attention(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> torch.Tensor:
+        be = owner()
+        if be is None:
+            raise RuntimeError("flashinfer attention op called after its backend was freed")
+        return be.attend(q, k, v, k_cache, v_cache, slot_mapping)
+
+    @attention.register_fake
+    def _(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> torch.Tensor:
+        return q.new_empty(q.shape)
+
+    return attention

@@ -1,0 +1,139 @@
+"""Chooses the attention backends from config and the device, saying why in log lines.
+
+  attention.backend         auto: flashinfer on CUDA when it imports, else torch; torch on CPU.
+                            flashinfer: CUDA and an importable flashinfer, else a ConfigError.
+  attention.prefill_backend auto: the decode backend. torch: always. flashinfer: as above.
+                            xformers: only when a build imports and a tiny kernel runs on the
+                            device (the registry wheel raises NotImplementedError on the GPU image);
+                            otherwise the decode backend, with a log line.
+
+Backend modules are imported lazily: selecting never imports flashinfer's kernels or the torch
+backend's module, and `create_attention_backend` imports only the one it builds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from .attention import AttentionBackend
+from .config import AttentionConfig, ConfigError
+from .model_arch import ModelArch
+
+
+class AttentionSelection(NamedTuple):
+    backend: str  # "torch" | "flashinfer": decode, and prefill unless prefill_backend differs
+    prefill_backend: str  # "torch" | "flashinfer" | "xformers"
+    log_lines: list[str]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def probe_flashinfer() -> str | None:
+    """None when flashinfer imports, else why not."""
+    try:
+        import flashinfer  # noqa: F401
+    except Exception as exc:  # a broken install raises more than ImportError (missing CUDA libs, ABI)
+        return _first_line(exc)
+    return None
+
+
+def probe_xformers(device: torch.device) -> str | None:
+    """None when xformers imports and its memory-efficient attention runs on `device`, else why not."""
+    try:
+        import xformers.ops as xops
+
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        q = torch.zeros(1, 8, 2, 64, device=device, dtype=dtype)  # [B, M, H, K]
+        xops.memory_efficient_attention(q, q, q)
+    except Exception as exc:  # ImportError, or NotImplementedError from a build without kernels here
+        return _first_line(exc)
+    return None
+
+
+def select_attention_backend(cfg: AttentionConfig, device: torch.device) -> AttentionSelection:
+    lines: list[str] = []
+    backend = _select_decode(cfg.backend, device, lines)
+    prefill = _select_prefill(cfg.prefill_backend, backend, device, lines)
+    lines.append(f"attention: decode backend {backend}, prefill backend {prefill} (device {device.type})")
+    return AttentionSelection(backend, prefill, lines)
+
+
+def _select_decode(wanted: str, device: torch.device, lines: list[str]) -> str:
+    if wanted == "torch":
+        return "torch"
+    if wanted == "flashinfer":
+        _require_flashinfer("attention.backend", device)
+        return "flashinfer"
+    if device.type != "cuda":
+        lines.append(f"attention: auto -> torch (device is {device.type}; flashinfer needs CUDA)")
+        return "torch"
+    why = probe_flashinfer()
+    if why is not None:
+        lines.append(f"attention: auto -> torch (flashinfer is not importable: {why})")
+        return "torch"
+    lines.append("attention: auto -> flashinfer (CUDA, flashinfer importable)")
+    return "flashinfer"
+
+
+def _select_prefill(wanted: str, backend: str, device: torch.device, lines: list[str]) -> str:
+    if wanted == "auto":
+        return backend
+    if wanted == "torch":
+        return "torch"
+    if wanted == "flashinfer":
+        _require_flashinfer("attention.prefill_backend", device)
+        return "flashinfer"
+    why = probe_xformers(device)
+    if why is not None:
+        lines.append(f"attention: prefill xformers unusable ({why}); prefill uses {backend}")
+        return backend
+    return "xformers"
+
+
+def _require_flashinfer(key: str, device: torch.device) -> None:
+    if device.type != "cuda":
+        raise ConfigError(
+            key, f"'flashinfer' needs a CUDA device, the model runs on {device.type}; use 'auto' or 'torch'"
+        )
+    why = probe_flashinfer()
+    if why is not None:
+        raise ConfigError(
+            key, f"'flashinfer' is not importable ({why}); install flashinfer-python or use 'auto'"
+        )
+
+
+def create_attention_backend(
+    name: str,
+    arch: ModelArch,
+    *,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    graph_batch_sizes: Sequence[int] = (),
+    max_blocks_per_seq: int = 0,
+) -> AttentionBackend:
+    """Builds the backend `name` for a model; `graph_batch_sizes` = the captured decode buckets."""
+    if name == "torch":
+        from .attention_torch import TorchAttentionBackend
+
+        return TorchAttentionBackend()
+    if name == "flashinfer":
+        from .attention_flashinfer import FlashInferAttentionBackend
+
+        return FlashInferAttentionBackend(
+            arch.num_heads,
+            arch.num_kv_heads,
+            arch.head_dim,
+            block_size,
+            dtype,
+            device,
+            graph_batch_sizes=graph_batch_sizes,
+            max_blocks_per_seq=max_blocks_per_seq,
+        )
+    raise ValueError(f"no attention backend named {name!r} can be built (known: torch, flashinfer)")

@@ -1,0 +1,76 @@
+"""What graphs/ sees of a model: one decode step over a batch of rows, and the padding convention.
+
+graphs/ never imports rillet.core; the core side adapts its model to `DecodeModel` (usually a few
+lines around its model forward and its attention backend's `begin_step`).
+
+A decode step has one new token per sequence, so every per-row tensor has the batch as its first
+axis and `query_start` is simply 0, 1, ..., n. Padding rows (added to reach a captured batch size)
+must never touch real state:
+  - token id 0 at position 0, writing its K/V to slot 0, inside block 0: the reserved dummy
+    block that no sequence owns (see core/attention.py);
+  - context length 1 (just that dummy slot) over a block table of zeros.
+So a padding row attends to one dummy key, stays finite, and its output row is thrown away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+PAD_TOKEN_ID = 0
+PAD_POSITION = 0
+PAD_SLOT = 0  # slot 0 = block 0, offset 0: the reserved dummy block
+PAD_BLOCK = 0
+PAD_SEQ_LEN = 1  # position 0 + 1: the padding row's own (dummy) token is its whole context
+
+
+@dataclass(frozen=True)
+class DecodeBatch:
+    """n rows of one decode step, all tensors on the model's device (or copied there by `fill`)."""
+
+    input_ids: torch.Tensor  # [n] int64
+    positions: torch.Tensor  # [n] int64
+    slot_mapping: torch.Tensor  # [n] int64: flat KV slot each row's new K/V goes to
+    seq_lens: torch.Tensor  # [n] int32: context length after this step (position + 1)
+    block_tables: torch.Tensor  # [n, W] int32, unused columns 0
+    query_start: torch.Tensor  # [n + 1] int32: 0, 1, ..., n
+    seq_lens_cpu: list[int]  # [n] host copy of seq_lens, for host-side planning only
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.seq_lens_cpu)
+
+
+class DecodeModel(Protocol):
+    """The model side of a graphed decode step.
+
+    `prepare_decode` runs on the host before every forward, eager or replayed, and never inside
+    a graph: it is where per-step host work goes (flashinfer's plan()). It may depend on the
+    batch's host data (`seq_lens_cpu`) and on its row count.
+
+    `forward_decode` must be capturable: no host syncs, no shapes that depend on tensor values.
+    It reads the batch's tensors and fixed model state (weights, KV cache) and returns one output
+    row per input row ([n, ...]). It is compiled with the row dimension dynamic (one compile for
+    all buckets), so it must not turn the row count or `seq_lens_cpu` into Python values (a list of
+    n items, a branch): host-side needs belong to `prepare_decode`, which may leave state (e.g. the
+    step's attention metadata over the same tensors) for `forward_decode` to use.
+    """
+
+    def prepare_decode(self, batch: DecodeBatch) -> None: ...
+
+    def forward_decode(self, batch: DecodeBatch) -> torch.Tensor: ...
+
+
+class GraphSettings(Protocol):
+    """The graph options graphs/ reads (core's GraphConfig has exactly these)."""
+
+    @property
+    def enabled(self) -> str: ...  # "auto" | "on" | "off"
+
+    @property
+    def buckets(self) -> tuple[int, ...]: ...  # () = the default ladder
+
+    @property
+    def compile_mode(self) -> str: ...  # "none" | torch.compile mode
