@@ -27,6 +27,7 @@ BlockKey = tuple[int, tuple[int, ...]]  # (hash of the parent key or 0, the bloc
 class PrefixStats:
     queried_tokens: int = 0  # prompt tokens looked up at admission
     hit_tokens: int = 0  # of those, reused from the cache
+    evictions: int = 0  # cached blocks dropped to make room
 
 
 class BlockManager:
@@ -178,6 +179,7 @@ class BlockManager:
         else:
             b, _ = self._cached_free.popitem(last=False)
             del self._block_of[self._key_of.pop(b)]
+            self.stats.evictions += 1
         self.ref_count[b] = 1
         return b
 
