@@ -44,6 +44,8 @@ class AttentionBackend(ABC):
     """Writes this step's K/V into the paged cache and attends over it."""
 
     name: str = "base"
+    # True when forward() reads only device tensors planned in begin_step(): safe to capture.
+    supports_cuda_graphs: bool = False
 
     def begin_step(self, meta: AttentionMetadata) -> None:  # noqa: B027 - optional hook
         """Called once per step before the forward, outside any CUDA graph (flashinfer's plan())."""

@@ -13,14 +13,18 @@ from pathlib import Path
 
 import torch
 
+from rillet.graphs.buckets import resolve_buckets
+from rillet.graphs.runner import GraphRunner, graphs_enabled
+
 from .attention import AttentionBackend
+from .attention_select import create_attention_backend, select_attention_backend
 from .block_manager import BlockManager
 from .config import ConfigError, RilletConfig
 from .default_model import default_model_path
 from .detokenizer import IncrementalDetokenizer
 from .model import DecoderModel, allocate_kv_cache, build_model
 from .model_arch import ModelArch
-from .model_runner import ModelRunner, Runner, SyntheticRunner
+from .model_runner import DecoderGraphAdapter, ModelRunner, Runner, SyntheticRunner
 from .request import Sequence
 from .sampler import Sampler
 from .scheduler import Scheduler
@@ -135,13 +139,47 @@ def _model_runner(
     kv = allocate_kv_cache(arch, num_blocks, cfg.cache.block_size, dtype, device)
     eos = tuple(sorted(set(tok.eos_token_ids) | set(arch.eos_token_ids)))
     sampler = Sampler(arch.vocab_size, eos, device)
-    return ModelRunner(model, kv, sampler, cfg.cache.block_size, device)
+    graphs = None
+    if _use_graphs(cfg, model, device):
+        graphs = GraphRunner(
+            DecoderGraphAdapter(model, kv, cfg.cache.block_size), cfg.graphs,
+            max_num_seqs=cfg.scheduler.max_num_seqs,
+            max_blocks_per_seq=_max_blocks(cfg, arch), device=device,
+        )
+        graphs.capture()
+    return ModelRunner(model, kv, sampler, cfg.cache.block_size, device, graphs)
 
 
-def make_backend(cfg: RilletConfig, device: torch.device) -> AttentionBackend:
-    from .attention_torch import TorchAttentionBackend  # noqa: PLC0415
+def _use_graphs(cfg: RilletConfig, model: DecoderModel, device: torch.device) -> bool:
+    """CUDA graphs need a backend that plans on the host and replays from device buffers."""
+    try:
+        wanted = graphs_enabled(cfg.graphs.enabled, device)
+    except ValueError as exc:
+        raise ConfigError("graphs.enabled", str(exc).split(": ", 1)[-1]) from exc
+    capturable = bool(getattr(model.backend, "supports_cuda_graphs", False))
+    if wanted and not capturable:
+        log.info("CUDA graphs off: the %s attention backend cannot be captured", model.backend.name)
+    return wanted and capturable
 
-    return TorchAttentionBackend()
+
+def _max_blocks(cfg: RilletConfig, arch: ModelArch) -> int:
+    max_len = min(cfg.model.max_model_len or arch.max_position, arch.max_position)
+    return -(-max_len // cfg.cache.block_size)
+
+
+def make_backend(cfg: RilletConfig, arch: ModelArch, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
+    sel = select_attention_backend(cfg.attention, device)
+    for line in sel.log_lines:
+        log.info("%s", line)
+    if sel.prefill_backend != sel.backend:
+        log.info("prefill backend %s is not wired yet: prefill uses %s", sel.prefill_backend, sel.backend)
+    buckets: tuple[int, ...] = ()
+    if device.type == "cuda" and cfg.graphs.enabled != "off":
+        buckets = resolve_buckets(cfg.graphs.buckets, cfg.scheduler.max_num_seqs)
+    return create_attention_backend(
+        sel.backend, arch, block_size=cfg.cache.block_size, dtype=dtype, device=device,
+        graph_batch_sizes=buckets, max_blocks_per_seq=_max_blocks(cfg, arch),
+    )
 
 
 def _load_model(
@@ -149,7 +187,7 @@ def _load_model(
 ) -> tuple[ModelArch, DecoderModel]:
     if kind == "shape":
         arch = shape_arch(cfg.model.shape)
-        model = build_model(arch, make_backend(cfg, device), dtype, device, cfg.model.max_model_len)
+        model = build_model(arch, make_backend(cfg, arch, device, dtype), dtype, device, cfg.model.max_model_len)
         model.init_random(cfg.model.seed)
         return arch, model
     assert path is not None
@@ -161,7 +199,7 @@ def _load_model(
         from .loader_hf import load_hf_folder  # noqa: PLC0415
 
         arch, weights = load_hf_folder(path, dtype)
-    model = build_model(arch, make_backend(cfg, device), dtype, device, cfg.model.max_model_len)
+    model = build_model(arch, make_backend(cfg, arch, device, dtype), dtype, device, cfg.model.max_model_len)
     model.load_weights(weights)
     report("weights", 0.8)
     return arch, model

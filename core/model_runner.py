@@ -13,6 +13,9 @@ from typing import Protocol
 
 import torch
 
+from rillet.graphs.interface import DecodeBatch
+from rillet.graphs.runner import GraphRunner
+
 from .attention import AttentionMetadata
 from .model import DecoderModel, KVCache
 from .request import Sequence
@@ -84,7 +87,31 @@ class Runner(Protocol):
     def release(self, seq: Sequence) -> None: ...
 
 
+class DecoderGraphAdapter:
+    """The model as graphs/ sees it (graphs/interface.py): host planning, then a capturable forward."""
+
+    def __init__(self, model: DecoderModel, kv_caches: list[KVCache], block_size: int) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.meta: AttentionMetadata | None = None
+
+    def prepare_decode(self, b: DecodeBatch) -> None:
+        self.meta = AttentionMetadata(
+            b.slot_mapping, b.query_start, b.seq_lens, b.block_tables,
+            [1] * b.num_rows, b.seq_lens_cpu, self.block_size, num_prefills=0,
+        )
+        self.model.backend.begin_step(self.meta)
+
+    def forward_decode(self, b: DecodeBatch) -> torch.Tensor:  # [n, H]
+        assert self.meta is not None
+        return self.model(b.input_ids, b.positions, self.kv_caches, self.meta)
+
+
 class ModelRunner:
+    """Eager forward for prefill steps; decode-only steps go through the GraphRunner when given
+    (CUDA-graph replay per batch-size bucket on GPU; padded or plain eager elsewhere)."""
+
     def __init__(
         self,
         model: DecoderModel,
@@ -92,21 +119,31 @@ class ModelRunner:
         sampler: Sampler,
         block_size: int,
         device: torch.device,
+        graph_runner: GraphRunner | None = None,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.sampler = sampler
         self.block_size = block_size
         self.device = device
+        self.graph_runner = graph_runner
 
     @torch.inference_mode()
     def step(self, batch: ScheduledBatch) -> tuple[list[Sequence], SampleResult]:
         inp = build_inputs(batch, self.block_size, self.device)
-        self.model.backend.begin_step(inp.meta)
-        hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, inp.meta)  # [T, H]
-        if not inp.sample_seqs:
-            return [], SampleResult([], [])
-        logits = self.model.compute_logits(hidden.index_select(0, inp.sample_rows))  # [S, V]
+        m = inp.meta
+        if self.graph_runner is not None and m.is_decode_only:
+            hidden = self.graph_runner.run(
+                DecodeBatch(inp.input_ids, inp.positions, m.slot_mapping, m.seq_lens, m.block_tables,
+                            m.query_start, m.seq_lens_cpu)
+            )  # [B, H]: every decode row samples, in batch order
+        else:
+            self.model.backend.begin_step(m)
+            hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, m)  # [T, H]
+            if not inp.sample_seqs:
+                return [], SampleResult([], [])
+            hidden = hidden.index_select(0, inp.sample_rows)
+        logits = self.model.compute_logits(hidden)  # [S, V]
         return inp.sample_seqs, self.sampler.sample(logits, inp.sample_seqs)
 
     def release(self, seq: Sequence) -> None:
