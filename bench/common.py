@@ -46,7 +46,11 @@ def write_json(path: str | Path, data: dict[str, Any]) -> None:
 
 def table(rows: list[dict[str, Any]], cols: list[str]) -> str:
     def fmt(v: Any) -> str:
-        return f"{v:.3f}" if isinstance(v, float) and abs(v) < 10 else (f"{v:.1f}" if isinstance(v, float) else str(v))
+        return (
+            f"{v:.3f}"
+            if isinstance(v, float) and abs(v) < 10
+            else (f"{v:.1f}" if isinstance(v, float) else str(v))
+        )
 
     cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]

@@ -16,12 +16,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import peak_rss_mib, table, write_json  # noqa: E402
-
-from rillet.core.config import config_from_dict  # noqa: E402
-from rillet.core.default_model import default_model_path  # noqa: E402
-from rillet.core.llm import LLM  # noqa: E402
-from rillet.core.sampling_params import SamplingParams  # noqa: E402
+from common import peak_rss_mib, table, write_json
+from rillet.core.config import config_from_dict
+from rillet.core.default_model import default_model_path
+from rillet.core.llm import LLM
+from rillet.core.sampling_params import SamplingParams
 
 PROMPTS = [f"Write a short story number {i} about a robot who learns to paint." for i in range(64)]
 
@@ -53,7 +52,11 @@ def bench_hf(batch: int, tokens: int) -> float:
         enc = tok(prompts, return_tensors="pt", padding=True)
         with torch.inference_mode():
             out = model.generate(
-                **enc, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=tok.pad_token_id
+                **enc,
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
             )
         return (out.shape[1] - enc.input_ids.shape[1]) * len(prompts)
 

@@ -69,7 +69,9 @@ class CacheConfig:
     prefix_caching: bool = True
 
     def __post_init__(self) -> None:
-        _check(self.block_size in (8, 16, 32, 64, 128), "cache.block_size", "must be one of 8, 16, 32, 64, 128")
+        _check(
+            self.block_size in (8, 16, 32, 64, 128), "cache.block_size", "must be one of 8, 16, 32, 64, 128"
+        )
         _check(self.num_blocks is None or self.num_blocks >= 2, "cache.num_blocks", "must be >= 2 or null")
         _check(self.memory_gb > 0, "cache.memory_gb", "must be > 0")
         _check(0 < self.memory_fraction <= 0.98, "cache.memory_fraction", "must be in (0, 0.98]")
@@ -209,21 +211,15 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, list | tuple):
             raise ConfigError(key, f"expected {_type_name(tp)}, got {value!r}")
         return tuple(_coerce(v, get_args(tp)[0], key) for v in value)
-    if tp is type(None):
-        if value is None:
-            return None
-    elif tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-    elif tp is str:
-        if isinstance(value, str):
-            return value
+    ok = {
+        type(None): value is None,
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, int | float) and not isinstance(value, bool),
+        str: isinstance(value, str),
+    }
+    if ok.get(tp, False):
+        return float(value) if tp is float else value
     raise ConfigError(key, f"expected {_type_name(tp)}, got {value!r}")
 
 

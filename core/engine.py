@@ -8,6 +8,7 @@ deltas go out as one `StepOutput` through the SPSC ring (core/ring.py).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
@@ -48,8 +49,8 @@ class EngineStats:
     cached_blocks: int
 
 
-_Add = tuple[str, list[Sequence]]
-_Abort = str
+# Inbox items: a new request's sequences, or the id of a request to abort.
+_InboxItem = list[Sequence] | str
 
 
 class Engine:
@@ -62,7 +63,7 @@ class Engine:
         self.max_model_len = rt.max_model_len
         self.core = EngineCore(rt.scheduler, rt.runner, rt.make_detokenizer, rt.max_model_len)
         self.ring: SpscRing[StepOutput] = SpscRing(cfg.stream.ring_capacity)
-        self._inbox: deque[_Add | tuple[str, _Abort]] = deque()
+        self._inbox: deque[_InboxItem] = deque()
         self._wake = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -118,11 +119,11 @@ class Engine:
             raise QueueFullError(f"waiting queue is full ({self.cfg.scheduler.max_waiting})")
         seqs = self._make_seqs(request_id, prompt_ids, params, n, deadline)
         self._added += 1
-        self._inbox.append(("add", (request_id, seqs)))
+        self._inbox.append(seqs)
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
-        self._inbox.append(("abort", request_id))
+        self._inbox.append(request_id)
         self._wake.set()
 
     def _make_seqs(
@@ -179,14 +180,12 @@ class Engine:
         deltas = []
         inbox = self._inbox
         while inbox:
-            kind, item = inbox.popleft()
-            if kind == "add":
-                assert isinstance(item, tuple)
-                self.core.add(item[1])
-                self._taken += 1
-            else:
-                assert isinstance(item, str)
+            item = inbox.popleft()
+            if isinstance(item, str):
                 deltas.extend(self.core.abort(item))
+            else:
+                self.core.add(item)
+                self._taken += 1
         return StepOutput(self.core.steps, deltas) if deltas else None
 
     def _fail_everything(self) -> None:
@@ -198,10 +197,8 @@ class Engine:
             except Exception:
                 log.exception("while failing request %s", rid)
         if deltas:
-            try:
+            with contextlib.suppress(TimeoutError, RingClosed):
                 self.ring.push(StepOutput(self.core.steps, deltas), timeout=1.0)
-            except (TimeoutError, RingClosed):
-                pass
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """True once no request is queued, running or in the inbox (for tests and draining)."""

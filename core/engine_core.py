@@ -14,7 +14,7 @@ from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer
 from .model_runner import Runner
 from .outputs import SeqDelta, StepOutput
-from .request import FinishReason, Sequence, SeqStatus, TokenLogprob
+from .request import FinishReason, SeqStatus, Sequence, TokenLogprob
 from .sampler import SampleResult
 from .scheduler import ScheduledBatch, Scheduler
 
@@ -57,7 +57,9 @@ class EngineCore:
             self._detok[seq.seq_id] = self.make_detokenizer(seq)
             self.scheduler.add(seq)
 
-    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT, error: str | None = None) -> list[SeqDelta]:
+    def abort(
+        self, request_id: str, reason: FinishReason = FinishReason.ABORT, error: str | None = None
+    ) -> list[SeqDelta]:
         deltas = []
         for seq in self.seqs.get(request_id, []):
             if not seq.is_finished:
@@ -149,7 +151,8 @@ class EngineCore:
             return deltas
         now = time.monotonic()
         expired = [
-            rid for rid, group in self.seqs.items()
+            rid
+            for rid, group in self.seqs.items()
             if group[0].deadline is not None and now > group[0].deadline
         ]
         for rid in expired:

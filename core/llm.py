@@ -57,18 +57,22 @@ class LLM:
 
     def generate(
         self,
-        prompts: Seq[str] | Seq[list[int]],
+        prompts: Seq[str | list[int]],
         params: SamplingParams | Seq[SamplingParams] | None = None,
         n: int = 1,
     ) -> list[RequestOutput]:
         """All prompts are submitted at once, so they run batched; results in prompt order."""
-        plist = list(params) if isinstance(params, list | tuple) else [params or SamplingParams()] * len(prompts)
+        plist: list[SamplingParams]
+        if params is None or isinstance(params, SamplingParams):
+            plist = [params or SamplingParams()] * len(prompts)
+        else:
+            plist = list(params)
         if len(plist) != len(prompts):
             raise ValueError("params: need one SamplingParams per prompt, or a single one")
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
         for prompt, p in zip(prompts, plist, strict=True):
-            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
             rid = uuid.uuid4().hex
             results[rid] = RequestOutput(rid, ids, [CompletionOutput(i) for i in range(n)])
             order.append(rid)

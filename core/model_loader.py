@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
 from rillet.graphs.buckets import resolve_buckets
 from rillet.graphs.runner import GraphRunner, graphs_enabled
 
@@ -105,17 +104,34 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
     report("weights", 0.1)
     arch, model = _load_model(cfg, kind, path, device, dtype, report)
     max_len = min(cfg.model.max_model_len or arch.max_position, arch.max_position)
-    blocks = BlockManager(_num_blocks(cfg, arch, dtype, device), cfg.cache.block_size, cfg.cache.prefix_caching)
+    blocks = BlockManager(
+        _num_blocks(cfg, arch, dtype, device), cfg.cache.block_size, cfg.cache.prefix_caching
+    )
     report("kv cache", 0.9)
     runner = _model_runner(cfg, model, arch, blocks.num_blocks, tokenizer, device, dtype)
     report("ready", 1.0)
     log.info(
         "model %s (%s, %s on %s): %d layers, context %d, KV pool %d blocks x %d tokens",
-        name, kind, str(dtype).removeprefix("torch."), device, arch.num_layers, max_len,
-        blocks.num_usable, cfg.cache.block_size,
+        name,
+        kind,
+        str(dtype).removeprefix("torch."),
+        device,
+        arch.num_layers,
+        max_len,
+        blocks.num_usable,
+        cfg.cache.block_size,
     )
-    return Runtime(tokenizer, name, max_len, Scheduler(cfg.scheduler, blocks), runner,
-                   _detokenizer_factory(tokenizer), device, dtype, arch)
+    return Runtime(
+        tokenizer,
+        name,
+        max_len,
+        Scheduler(cfg.scheduler, blocks),
+        runner,
+        _detokenizer_factory(tokenizer),
+        device,
+        dtype,
+        arch,
+    )
 
 
 def _served_name(kind: str, path: Path | None, cfg: RilletConfig) -> str:
@@ -142,9 +158,11 @@ def _model_runner(
     graphs = None
     if _use_graphs(cfg, model, device):
         graphs = GraphRunner(
-            DecoderGraphAdapter(model, kv, cfg.cache.block_size), cfg.graphs,
+            DecoderGraphAdapter(model, kv, cfg.cache.block_size),
+            cfg.graphs,
             max_num_seqs=cfg.scheduler.max_num_seqs,
-            max_blocks_per_seq=_max_blocks(cfg, arch), device=device,
+            max_blocks_per_seq=_max_blocks(cfg, arch),
+            device=device,
         )
         graphs.capture()
     return ModelRunner(model, kv, sampler, cfg.cache.block_size, device, graphs)
@@ -167,7 +185,9 @@ def _max_blocks(cfg: RilletConfig, arch: ModelArch) -> int:
     return -(-max_len // cfg.cache.block_size)
 
 
-def make_backend(cfg: RilletConfig, arch: ModelArch, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
+def make_backend(
+    cfg: RilletConfig, arch: ModelArch, device: torch.device, dtype: torch.dtype
+) -> AttentionBackend:
     sel = select_attention_backend(cfg.attention, device)
     for line in sel.log_lines:
         log.info("%s", line)
@@ -177,26 +197,38 @@ def make_backend(cfg: RilletConfig, arch: ModelArch, device: torch.device, dtype
     if device.type == "cuda" and cfg.graphs.enabled != "off":
         buckets = resolve_buckets(cfg.graphs.buckets, cfg.scheduler.max_num_seqs)
     return create_attention_backend(
-        sel.backend, arch, block_size=cfg.cache.block_size, dtype=dtype, device=device,
-        graph_batch_sizes=buckets, max_blocks_per_seq=_max_blocks(cfg, arch),
+        sel.backend,
+        arch,
+        block_size=cfg.cache.block_size,
+        dtype=dtype,
+        device=device,
+        graph_batch_sizes=buckets,
+        max_blocks_per_seq=_max_blocks(cfg, arch),
     )
 
 
 def _load_model(
-    cfg: RilletConfig, kind: str, path: Path | None, device: torch.device, dtype: torch.dtype, report: Progress
+    cfg: RilletConfig,
+    kind: str,
+    path: Path | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    report: Progress,
 ) -> tuple[ModelArch, DecoderModel]:
     if kind == "shape":
         arch = shape_arch(cfg.model.shape)
-        model = build_model(arch, make_backend(cfg, arch, device, dtype), dtype, device, cfg.model.max_model_len)
+        model = build_model(
+            arch, make_backend(cfg, arch, device, dtype), dtype, device, cfg.model.max_model_len
+        )
         model.init_random(cfg.model.seed)
         return arch, model
     assert path is not None
     if kind == "gguf":
-        from .loader_gguf import load_gguf  # noqa: PLC0415
+        from .loader_gguf import load_gguf
 
         arch, weights = load_gguf(path, dtype, cache_dir=cfg.model.cache_dir)
     else:
-        from .loader_hf import load_hf_folder  # noqa: PLC0415
+        from .loader_hf import load_hf_folder
 
         arch, weights = load_hf_folder(path, dtype)
     model = build_model(arch, make_backend(cfg, arch, device, dtype), dtype, device, cfg.model.max_model_len)
@@ -224,14 +256,27 @@ def _synthetic_runtime(
     special = tok.special_token_ids
     table = tok.token_bytes_table()
     # Ordinary ASCII word pieces only, so synthetic text is readable and never hits EOS.
-    pool = [i for i in range(min(len(table), 5000)) if i not in special and table[i].isascii() and table[i].strip()]
+    pool = [
+        i
+        for i in range(min(len(table), 5000))
+        if i not in special and table[i].isascii() and table[i].strip()
+    ]
     max_len = cfg.model.max_model_len or 8192
     num_blocks = cfg.cache.num_blocks or 4096
     blocks = BlockManager(num_blocks, cfg.cache.block_size, cfg.cache.prefix_caching)
     report("ready", 1.0)
     runner = SyntheticRunner(cfg.model.synthetic_step_ms, pool)
-    return Runtime(tok, name, max_len, Scheduler(cfg.scheduler, blocks), runner,
-                   _detokenizer_factory(tok), device, dtype, None)
+    return Runtime(
+        tok,
+        name,
+        max_len,
+        Scheduler(cfg.scheduler, blocks),
+        runner,
+        _detokenizer_factory(tok),
+        device,
+        dtype,
+        None,
+    )
 
 
 def _detokenizer_factory(tok: Tokenizer) -> Callable[[Sequence], IncrementalDetokenizer]:

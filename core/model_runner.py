@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-
 from rillet.graphs.interface import DecodeBatch
 from rillet.graphs.runner import GraphRunner
 
@@ -98,8 +97,14 @@ class DecoderGraphAdapter:
 
     def prepare_decode(self, b: DecodeBatch) -> None:
         self.meta = AttentionMetadata(
-            b.slot_mapping, b.query_start, b.seq_lens, b.block_tables,
-            [1] * b.num_rows, b.seq_lens_cpu, self.block_size, num_prefills=0,
+            b.slot_mapping,
+            b.query_start,
+            b.seq_lens,
+            b.block_tables,
+            [1] * b.num_rows,
+            b.seq_lens_cpu,
+            self.block_size,
+            num_prefills=0,
         )
         self.model.backend.begin_step(self.meta)
 
@@ -134,8 +139,15 @@ class ModelRunner:
         m = inp.meta
         if self.graph_runner is not None and m.is_decode_only:
             hidden = self.graph_runner.run(
-                DecodeBatch(inp.input_ids, inp.positions, m.slot_mapping, m.seq_lens, m.block_tables,
-                            m.query_start, m.seq_lens_cpu)
+                DecodeBatch(
+                    inp.input_ids,
+                    inp.positions,
+                    m.slot_mapping,
+                    m.seq_lens,
+                    m.block_tables,
+                    m.query_start,
+                    m.seq_lens_cpu,
+                )
             )  # [B, H]: every decode row samples, in batch order
         else:
             self.model.backend.begin_step(m)
@@ -164,7 +176,9 @@ class SyntheticRunner:
     def step(self, batch: ScheduledBatch) -> tuple[list[Sequence], SampleResult]:
         if self.step_s > 0:
             time.sleep(self.step_s)  # like a GPU wait: releases the GIL
-        seqs = [s for s, n in zip(batch.seqs, batch.num_new, strict=True) if s.num_computed + n == s.num_tokens]
+        seqs = [
+            s for s, n in zip(batch.seqs, batch.num_new, strict=True) if s.num_computed + n == s.num_tokens
+        ]
         pool = self.pool
         ids = [pool[(s.num_tokens * 7919 + s.prompt_ids[0] + s.index * 104729) % len(pool)] for s in seqs]
         return seqs, SampleResult(ids, [None] * len(ids))

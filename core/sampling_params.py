@@ -66,7 +66,9 @@ class SamplingParams:
             _fail("stop", "every stop sequence must be a non-empty string")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             _fail("stop_token_ids", "every id must be a non-negative integer")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+        if self.logprobs is not None and (
+            not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
             _fail("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
 
     @property

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
 from .config import SchedulerConfig
-from .request import FinishReason, Sequence, SeqStatus
+from .request import FinishReason, SeqStatus, Sequence
 
 
 @dataclass

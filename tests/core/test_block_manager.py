@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from rillet.core.block_manager import BlockManager
 from rillet.core.request import Sequence
 from rillet.core.sampling_params import SamplingParams

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from rillet.core.config import RilletConfig, config_from_dict
 from rillet.core.default_model import default_model_path
 from rillet.core.llm import LLM
@@ -46,7 +45,7 @@ def hf_reference() -> list[list[int]]:
         ids = tok(prompt, return_tensors="pt").input_ids
         with torch.inference_mode():
             gen = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=2, pad_token_id=2)
-        outs.append(gen[0, ids.shape[1]:].tolist())
+        outs.append(gen[0, ids.shape[1] :].tolist())
     return outs
 
 
@@ -101,7 +100,9 @@ def test_small_pool_really_preempts() -> None:
         ("qwen2", {"tie_word_embeddings": False}),
     ],
 )
-def test_tiny_models_match_transformers(tiny_hf_model: Any, model_type: str, overrides: dict[str, Any]) -> None:
+def test_tiny_models_match_transformers(
+    tiny_hf_model: Any, model_type: str, overrides: dict[str, Any]
+) -> None:
     folder, hf = tiny_hf_model(model_type, **overrides)
     prompts = [[(7 * i + 3 * k) % 250 + 1 for k in range(ln)] for i, ln in enumerate([3, 17, 9, 30, 1])]
     new = [10, 6, 14, 8, 12]
@@ -109,11 +110,17 @@ def test_tiny_models_match_transformers(tiny_hf_model: Any, model_type: str, ove
     for p, n in zip(prompts, new, strict=True):
         with torch.inference_mode():
             g = hf.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False, min_new_tokens=n)
-        want.append(g[0, len(p):].tolist())
-    for sections in ({}, {"cache": {"num_blocks": 9, "block_size": 8}}, {"scheduler": {"max_num_batched_tokens": 5, "max_num_seqs": 3}}):
+        want.append(g[0, len(p) :].tolist())
+    for sections in (
+        {},
+        {"cache": {"num_blocks": 9, "block_size": 8}},
+        {"scheduler": {"max_num_batched_tokens": 5, "max_num_seqs": 3}},
+    ):
         c = config_from_dict({"model": {"path": str(folder), "kind": "hf", "dtype": "float32"}, **sections})
         with LLM(c) as llm:
-            outs = llm.generate(prompts, [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in new])
+            outs = llm.generate(
+                prompts, [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in new]
+            )
             assert [o.outputs[0].token_ids for o in outs] == want, sections
             assert all(o.outputs[0].finish_reason is FinishReason.LENGTH for o in outs)
             llm.engine.core.blocks.check_integrity()

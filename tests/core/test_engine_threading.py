@@ -6,7 +6,6 @@ import threading
 import time
 
 import pytest
-
 from rillet.core.config import config_from_dict
 from rillet.core.engine import Engine, QueueFullError
 from rillet.core.llm import LLM
@@ -65,7 +64,9 @@ def test_bad_requests_are_rejected_up_front(llm: LLM) -> None:
 
 
 def test_queue_full_raises() -> None:
-    c = config_from_dict({"model": {"kind": "synthetic", "synthetic_step_ms": 50.0}, "scheduler": {"max_waiting": 2}})
+    c = config_from_dict(
+        {"model": {"kind": "synthetic", "synthetic_step_ms": 50.0}, "scheduler": {"max_waiting": 2}}
+    )
     eng = Engine(c)  # not started: nothing leaves the inbox
     p = SamplingParams(max_tokens=2)
     eng.add_request("a", [5, 6], p)

@@ -14,7 +14,9 @@ from rillet.graphs.runner import GraphRunner
 
 def test_padded_graph_path_matches_plain_eager(tiny_hf_model: Any) -> None:
     folder, _ = tiny_hf_model("llama", num_hidden_layers=2)
-    cfg = config_from_dict({"model": {"path": str(folder), "kind": "hf"}, "cache": {"num_blocks": 64, "block_size": 8}})
+    cfg = config_from_dict(
+        {"model": {"path": str(folder), "kind": "hf"}, "cache": {"num_blocks": 64, "block_size": 8}}
+    )
     prompts = [[(5 * i + k) % 200 + 1 for k in range(3 + 4 * i)] for i in range(5)]
     params = [SamplingParams(max_tokens=6 + 2 * i, temperature=0.0, ignore_eos=True) for i in range(5)]
     with LLM(cfg) as llm:
@@ -24,7 +26,10 @@ def test_padded_graph_path_matches_plain_eager(tiny_hf_model: Any) -> None:
         gr = GraphRunner(
             DecoderGraphAdapter(runner.model, runner.kv_caches, runner.block_size),
             GraphConfig(enabled="off", buckets=(1, 2, 4, 8)),
-            max_num_seqs=8, max_blocks_per_seq=16, device="cpu", pad_eager=True,
+            max_num_seqs=8,
+            max_blocks_per_seq=16,
+            device="cpu",
+            pad_eager=True,
         )
         runner.graph_runner = gr
         padded = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from rillet.core.config import config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.sampling_params import SamplingParams

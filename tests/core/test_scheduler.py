@@ -4,17 +4,22 @@ from __future__ import annotations
 
 from rillet.core.block_manager import BlockManager
 from rillet.core.config import SchedulerConfig
-from rillet.core.request import FinishReason, Sequence, SeqStatus
+from rillet.core.request import FinishReason, SeqStatus, Sequence
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.scheduler import ScheduledBatch, Scheduler
 
 
 def make(num_blocks: int = 64, block_size: int = 4, seqs: int = 8, tokens: int = 64) -> Scheduler:
-    return Scheduler(SchedulerConfig(max_num_seqs=seqs, max_num_batched_tokens=tokens), BlockManager(num_blocks, block_size))
+    return Scheduler(
+        SchedulerConfig(max_num_seqs=seqs, max_num_batched_tokens=tokens),
+        BlockManager(num_blocks, block_size),
+    )
 
 
 def new(i: int, prompt_len: int, max_tokens: int = 4) -> Sequence:
-    return Sequence(i, f"r{i}", [(i * 31 + k) % 97 + 1 for k in range(prompt_len)], SamplingParams(max_tokens=max_tokens))
+    return Sequence(
+        i, f"r{i}", [(i * 31 + k) % 97 + 1 for k in range(prompt_len)], SamplingParams(max_tokens=max_tokens)
+    )
 
 
 def fake_step(s: Scheduler, batch: ScheduledBatch) -> list[Sequence]:
