@@ -47,6 +47,9 @@ class EngineStats:
     cached_prompt_tokens: int
     generated_tokens: int
     cached_blocks: int
+    busy_seconds: float = 0.0  # wall time spent inside engine steps (incl. publishing)
+    ring_wakeups: int = 0
+    ring_full_waits: int = 0
 
 
 # Inbox items: a new request's sequences, or the id of a request to abort.
@@ -73,6 +76,7 @@ class Engine:
         self._taken = 0
         self.error: str | None = None
         self._dead = False
+        self._busy = 0.0
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -151,6 +155,9 @@ class Engine:
             cached_prompt_tokens=blocks.stats.hit_tokens,
             generated_tokens=self.core.generated_tokens,
             cached_blocks=blocks.num_cached,
+            busy_seconds=self._busy,
+            ring_wakeups=self.ring.wakeups,
+            ring_full_waits=self.ring.full_waits,
         )
 
     # ---- the engine thread ---------------------------------------------------------------------
@@ -162,11 +169,13 @@ class Engine:
                     self._wake.wait(0.1)
                     self._wake.clear()
                     continue
+                t0 = time.perf_counter()
                 out = self.core.step()
                 if aborted:
                     out = StepOutput(self.core.steps, aborted.deltas + (out.deltas if out else []))
                 if out is not None and out.deltas:
                     self.ring.push(out)
+                self._busy += time.perf_counter() - t0
         except RingClosed:
             pass
         except BaseException as exc:

@@ -1,0 +1,77 @@
+"""Start a rillet server in a subprocess for a benchmark, wait until it is healthy, read its peak RSS."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RilletServer:
+    def __init__(self, overrides: list[str], port: int | None = None, log_path: str | None = None) -> None:
+        self.port = port or free_port()
+        self.overrides = overrides
+        self.log_path = log_path or f"bench/out/server-{self.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self) -> RilletServer:
+        Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
+        args = [sys.executable, "-m", "rillet.http.cli", "serve", "--port", str(self.port)]
+        for o in self.overrides:
+            args += ["--set", o]
+        log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the server
+        # cwd must not be the repo root: `python -m` puts the cwd first on sys.path.
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd="/", env=dict(os.environ))
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"server not healthy after 180 s; see {self.log_path}")
+
+    def peak_rss_mib(self) -> float | None:
+        if self.proc is None:
+            return None
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        except OSError:
+            return None
+        return None
+
+    def metric(self, name: str) -> float | None:
+        """One sample of a Prometheus metric (the first line that starts with `name`)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " ") or line.startswith(name + "{"):
+                    return float(line.rsplit(" ", 1)[1])
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
