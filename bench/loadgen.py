@@ -69,7 +69,7 @@ async def one_request(
                 t = time.perf_counter() - t0
                 return RequestResult(True, data["usage"]["completion_tokens"], t, t)
             return await _read_stream(resp, t0, count_tokens)
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         return RequestResult(False, error=f"{type(exc).__name__}: {exc}")
 
 
@@ -159,11 +159,19 @@ async def run_level(
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - t0
     ok = [r for r in results if r.ok]
-    tpot = [(r.latency - r.ttft) / (r.tokens - 1) for r in ok if r.ttft is not None and r.tokens > 1 and stream]
+    tpot = [
+        (r.latency - r.ttft) / (r.tokens - 1) for r in ok if r.ttft is not None and r.tokens > 1 and stream
+    ]
     return LevelResult(
-        concurrency, stream, len(results), len(results) - len(ok), wall,
-        sum(r.tokens for r in ok), [r.ttft for r in ok if r.ttft is not None],
-        [x for r in ok for x in r.itl], tpot,
+        concurrency,
+        stream,
+        len(results),
+        len(results) - len(ok),
+        wall,
+        sum(r.tokens for r in ok),
+        [r.ttft for r in ok if r.ttft is not None],
+        [x for r in ok for x in r.itl],
+        tpot,
     )
 
 

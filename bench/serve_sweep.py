@@ -20,13 +20,22 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import table, write_json  # noqa: E402
-from loadgen import run_level, summarize  # noqa: E402
-from server_proc import RilletServer  # noqa: E402
+from common import table, write_json
+from loadgen import run_level, summarize
+from server_proc import RilletServer
 
 COLS = [
-    "endpoint", "concurrency", "tok_s", "nonstream_tok_s", "stream_eff", "ttft_p50_ms", "ttft_p99_ms",
-    "itl_p50_ms", "itl_p99_ms", "tpot_ms", "errors",
+    "endpoint",
+    "concurrency",
+    "tok_s",
+    "nonstream_tok_s",
+    "stream_eff",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+    "tpot_ms",
+    "errors",
 ]
 
 
@@ -59,7 +68,10 @@ async def sweep(name: str, url: str, a: argparse.Namespace, count: Any) -> list[
         ns = await run_level(url, model, c, n, a.max_tokens, False)
         row = {"endpoint": name, **summarize(s, ns)}
         rows.append(row)
-        print(f"  {name} c={c}: {row['tok_s']:.1f} tok/s stream, eff {row.get('stream_eff') or 0:.3f}", flush=True)
+        print(
+            f"  {name} c={c}: {row['tok_s']:.1f} tok/s stream, eff {row.get('stream_eff') or 0:.3f}",
+            flush=True,
+        )
     return rows
 
 

@@ -33,9 +33,11 @@ class RilletServer:
         args = [sys.executable, "-m", "rillet.http.cli", "serve", "--port", str(self.port)]
         for o in self.overrides:
             args += ["--set", o]
-        log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the server
+        log = open(self.log_path, "wb")
         # cwd must not be the repo root: `python -m` puts the cwd first on sys.path.
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd="/", env=dict(os.environ))
+        self.proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, cwd="/", env=dict(os.environ)
+        )
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
