@@ -23,7 +23,20 @@ from rillet.core.config import config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.sampling_params import SamplingParams
 
-WORDS = ["river", "stone", "lantern", "orchard", "copper", "meadow", "harbor", "violet", "thunder", "garden", "silver", "candle"]
+WORDS = [
+    "river",
+    "stone",
+    "lantern",
+    "orchard",
+    "copper",
+    "meadow",
+    "harbor",
+    "violet",
+    "thunder",
+    "garden",
+    "silver",
+    "candle",
+]
 
 
 def text(rng: random.Random, n_words: int) -> str:
