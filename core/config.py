@@ -53,18 +53,20 @@ class ModelConfig:
     shape: str = "mistral-7b"  # architecture preset used when kind == "shape"
     synthetic_step_ms: float = 5.0  # null engine: time one step takes, no compute
     synthetic_vocab_size: int = 49152
+    num_threads: int | None = None  # CPU: torch intra-op threads; None = torch's default (all cores)
 
     def __post_init__(self) -> None:
         _check(self.max_model_len is None or self.max_model_len > 0, "model.max_model_len", "must be > 0")
         _check(self.synthetic_step_ms >= 0, "model.synthetic_step_ms", "must be >= 0")
         _check(self.synthetic_vocab_size >= 8, "model.synthetic_vocab_size", "must be >= 8")
+        _check(self.num_threads is None or self.num_threads >= 1, "model.num_threads", "must be >= 1 or null")
 
 
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16  # tokens per KV block
     num_blocks: int | None = None  # explicit pool size; wins over memory_gb / memory_fraction
-    memory_gb: float = 2.0  # CPU: bytes of KV pool (GiB) when num_blocks is None
+    memory_gb: float = 1.0  # CPU: bytes of KV pool (GiB) when num_blocks is None
     memory_fraction: float = 0.85  # CUDA: fraction of free GPU memory after weights for the pool
     prefix_caching: bool = True
 

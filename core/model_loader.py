@@ -94,6 +94,8 @@ def load_tokenizer(kind: str, path: Path | None) -> Tokenizer:
 def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime:
     report: Progress = progress or (lambda stage, frac: None)
     device = resolve_device(cfg.model.device)
+    if cfg.model.num_threads is not None:
+        torch.set_num_threads(cfg.model.num_threads)
     dtype = resolve_dtype(cfg.model.dtype, device)
     kind, path = resolve_model(cfg)
     report("tokenizer", 0.0)
