@@ -1,0 +1,217 @@
+"""Does streaming cost throughput? The seed issue's measurement, with the official `openai` client.
+
+For each concurrency C, batches of C simultaneous chat requests (greedy, `--max-tokens` tokens,
+ignore_eos so every request makes exactly that many) alternate between non-streaming and
+streaming in ABBA order, so drift (thermal, other load) hits both alike. Tokens are counted from `usage`
+(streams ask for it with stream_options.include_usage). The ratio is streaming tok/s over
+non-streaming tok/s; 1.0 means streaming is free.
+
+    python bench/stream_vs_nonstream.py                      # starts `rillet serve` on the default model
+    python bench/stream_vs_nonstream.py --set model.kind=synthetic --set model.synthetic_step_ms=5
+    python bench/stream_vs_nonstream.py --base-url http://127.0.0.1:8000/v1 --model NAME
+
+Prints a table last and writes JSON (with the server's peak RSS when this script started it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import table, write_json
+
+PROMPT = "What is the meaning of life?"
+
+
+@dataclass
+class Batch:
+    wall_s: float
+    tokens: int
+    chunks: int = 0
+    ttft_s: list[float] = field(default_factory=list)
+
+
+class Server:
+    """`rillet serve` on a free port, for the length of the benchmark."""
+
+    def __init__(self, sets: list[str]) -> None:
+        exe = Path(sys.executable).with_name("rillet")
+        args = [str(exe), "serve", "--port", "0"]
+        for s in sets:
+            args += ["--set", s]
+        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+        self.port = 0
+        self.model = ""
+        self.log: list[str] = []
+        ready = threading.Event()
+        threading.Thread(target=self._read, args=(ready,), daemon=True).start()
+        if not ready.wait(600) or self.proc.poll() is not None:
+            raise SystemExit("server did not start:\n" + "".join(self.log[-30:]))
+
+    def _read(self, ready: threading.Event) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line)
+            if m := re.search(r"listening on http://[^:]+:(\d+)", line):
+                self.port = int(m.group(1))
+            if m := re.search(r"ready: serving '([^']+)'", line):
+                self.model = m.group(1)
+                ready.set()
+
+    def peak_rss_mib(self) -> float | None:
+        try:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except OSError:
+            return None
+        m = re.search(r"VmHWM:\s+(\d+) kB", status)
+        return int(m.group(1)) / 1024 if m else None
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def one_request(client: openai.OpenAI, model: str, stream: bool, max_tokens: int) -> tuple[int, int, float]:
+    """(completion tokens, chunks, seconds to first content chunk or to the answer)."""
+    t0 = time.perf_counter()
+    common: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "extra_body": {"ignore_eos": True},
+    }
+    if not stream:
+        answer = client.chat.completions.create(**common)
+        assert answer.usage is not None
+        return answer.usage.completion_tokens, 0, time.perf_counter() - t0
+    tokens = chunks = 0
+    ttft = 0.0
+    for chunk in client.chat.completions.create(
+        **common, stream=True, stream_options={"include_usage": True}
+    ):
+        chunks += 1
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+        elif not ttft and chunk.choices and chunk.choices[0].delta.content:
+            ttft = time.perf_counter() - t0
+    return tokens, chunks, ttft
+
+
+def run_batch(clients: list[openai.OpenAI], model: str, stream: bool, max_tokens: int) -> Batch:
+    results: list[tuple[int, int, float]] = [(0, 0, 0.0)] * len(clients)
+    start = threading.Barrier(len(clients) + 1)
+
+    def work(i: int) -> None:
+        start.wait()
+        results[i] = one_request(clients[i], model, stream, max_tokens)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(clients))]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return Batch(wall, sum(r[0] for r in results), sum(r[1] for r in results), [r[2] for r in results])
+
+
+def measure(
+    base_url: str, model: str, api_key: str, concurrency: int, runs: int, max_tokens: int
+) -> dict[str, Any]:
+    clients = [
+        openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=600)
+        for _ in range(concurrency)
+    ]
+    run_batch(clients, model, False, 8)  # warm-up: first-request costs stay out of the numbers
+    run_batch(clients, model, True, 8)
+    plain: list[Batch] = []
+    streamed: list[Batch] = []
+    for i in range(runs):  # ABBA order: neither mode always goes first (prefix cache, drift)
+        for stream in (False, True) if i % 2 == 0 else (True, False):
+            (streamed if stream else plain).append(run_batch(clients, model, stream, max_tokens))
+    p_rate = sum(b.tokens for b in plain) / sum(b.wall_s for b in plain)
+    s_rate = sum(b.tokens for b in streamed) / sum(b.wall_s for b in streamed)
+    ttfts = [t for b in streamed for t in b.ttft_s]
+    return {
+        "concurrency": concurrency,
+        "runs": runs,
+        "max_tokens": max_tokens,
+        "nonstream_tok_s": p_rate,
+        "stream_tok_s": s_rate,
+        "ratio": s_rate / p_rate,
+        "stream_chunks_per_token": sum(b.chunks for b in streamed) / max(1, sum(b.tokens for b in streamed)),
+        "stream_mean_ttft_s": sum(ttfts) / len(ttfts),
+        "batches": {"nonstream": [asdict(b) for b in plain], "stream": [asdict(b) for b in streamed]},
+    }
+
+
+def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {
+            "concurrency": r["concurrency"],
+            "non-stream tok/s": r["nonstream_tok_s"],
+            "stream tok/s": r["stream_tok_s"],
+            "ratio": r["ratio"],
+            "stream TTFT ms": r["stream_mean_ttft_s"] * 1000,
+        }
+        for r in rows
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base-url", help="an already running server (…/v1); default: start `rillet serve`")
+    ap.add_argument("--model", help="model name (default: the one the started server serves)")
+    ap.add_argument("--api-key", default="unused")
+    ap.add_argument(
+        "--set", dest="sets", action="append", default=[], help="config override for the started server"
+    )
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--runs", type=int, default=3, help="batches per mode and concurrency")
+    ap.add_argument("--max-tokens", type=int, default=200)
+    ap.add_argument("--out", default="bench/out/stream_vs_nonstream.json")
+    args = ap.parse_args()
+
+    server = None
+    base_url, model = args.base_url, args.model
+    if base_url is None:
+        print("starting rillet serve ...", file=sys.stderr)
+        server = Server(args.sets)
+        base_url, model = f"http://127.0.0.1:{server.port}/v1", model or server.model
+    if model is None:
+        model = openai.OpenAI(base_url=base_url, api_key=args.api_key).models.list().data[0].id
+    rows = []
+    try:
+        for c in args.concurrency:
+            print(f"concurrency {c} ...", file=sys.stderr)
+            rows.append(measure(base_url, model, args.api_key, c, args.runs, args.max_tokens))
+    finally:
+        rss = server.peak_rss_mib() if server else None
+        if server:
+            server.stop()
+    result = {"base_url": base_url, "model": model, "server_sets": args.sets, "server_peak_rss_mib": rss}
+    write_json(args.out, {**result, "rows": rows})
+    print(f"model {model}; {args.max_tokens} tokens per request, greedy, ignore_eos; JSON: {args.out}")
+    if rss is not None:
+        print(f"server peak RSS: {rss:.0f} MiB")
+    cols = ["concurrency", "non-stream tok/s", "stream tok/s", "ratio", "stream TTFT ms"]
+    print(table(summary_rows(rows), cols))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""The `rillet` command: `rillet serve ...` and `rillet config --print ...`.
+
+Every flag is a shorthand for a `--set section.key=value` override, applied after `--set`, so
+there is one validation path (core/config.py) and one kind of error: a bad key or value exits
+with status 2 and one line naming the key and what it accepts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+import orjson
+import yaml
+from rillet.core.config import ConfigError, RilletConfig, config_to_dict, load_config
+
+EXIT_USAGE = 2
+# flag dest -> config key (values are passed as JSON, which YAML parses back unchanged)
+_FLAG_KEYS = {
+    "model": "model.path",
+    "host": "server.host",
+    "port": "server.port",
+    "dtype": "model.dtype",
+    "log_level": "logging.level",
+}
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="YAML config file (see rillet.yaml)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config key; the value is YAML (e.g. --set cache.block_size=32); repeatable",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rillet", description="OpenAI-compatible LLM inference server")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,config}")
+    serve = sub.add_parser("serve", help="start the server")
+    _add_config_args(serve)
+    serve.add_argument("--model", metavar="PATH", help="model file or folder (= --set model.path=PATH)")
+    serve.add_argument("--host", help="address to listen on (= --set server.host=H)")
+    serve.add_argument("--port", type=int, help="port to listen on (= --set server.port=P)")
+    serve.add_argument(
+        "--api-key",
+        dest="api_keys",
+        action="append",
+        metavar="KEY",
+        help="require this Bearer key (repeatable)",
+    )
+    serve.add_argument("--dtype", help="float32 | bfloat16 | float16 | auto (= --set model.dtype=D)")
+    serve.add_argument("--log-level", help="DEBUG | INFO | WARNING | ERROR (= --set logging.level=L)")
+    config = sub.add_parser("config", help="show the effective configuration")
+    _add_config_args(config)
+    config.add_argument("--print", action="store_true", help="print the effective config as YAML (default)")
+    return parser
+
+
+def overrides_from(args: argparse.Namespace) -> list[str]:
+    out = list(args.overrides)
+    for dest, key in _FLAG_KEYS.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            if dest == "log_level":
+                value = value.upper()
+            out.append(f"{key}={orjson.dumps(value).decode()}")
+    if getattr(args, "api_keys", None):
+        out.append(f"server.api_keys={orjson.dumps(args.api_keys).decode()}")
+    return out
+
+
+def config_yaml(cfg: RilletConfig) -> str:
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = load_config(args.config, overrides_from(args))
+    except ConfigError as exc:
+        sys.stderr.write(f"rillet: error: {exc}\n")
+        return EXIT_USAGE
+    if args.command == "config":
+        sys.stdout.write(config_yaml(cfg))
+        return 0
+    _setup_logging(cfg.logging.level)
+    from .serve import serve  # `rillet config` stays light
+
+    try:
+        return asyncio.run(serve(cfg))
+    except OSError as exc:  # e.g. the port is taken
+        logging.getLogger("rillet.serve").error("cannot serve: %s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""The non-streaming consumer: the same stream state as SSE, gathered into one OpenAI response body."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rillet.core.request import TokenLogprob
+
+from .chunks import Usage
+from .errors import finish_failure
+from .logprobs import CompletionLogprobs, TokenTexts, chat_entries
+from .stream_state import RequestStream
+
+
+@dataclass
+class ChoiceResult:
+    texts: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+
+async def collect(stream: RequestStream, usage: Usage, want_logprobs: bool) -> list[ChoiceResult]:
+    """Waits for every choice to end; raises the request's ApiError if it failed."""
+    results = [ChoiceResult(logprobs=[] if want_logprobs else None) for _ in range(stream.num_choices)]
+    while True:
+        await stream.wait()
+        for d in stream.take():
+            usage.update(d.index, d.completion_tokens, d.cached_tokens)
+            r = results[d.index]
+            r.texts.append(d.text)
+            if d.logprobs is not None and r.logprobs is not None:
+                r.logprobs.extend(d.logprobs)
+            if d.finish_reason is not None:
+                failure = finish_failure(d.finish_reason, d.error)
+                if failure is not None:
+                    raise failure
+                r.finish_reason = d.finish_reason.value
+        if stream.failure is not None:
+            raise stream.failure
+        if stream.finished:
+            return results
+
+
+def chat_body(
+    request_id: str, created: int, model: str, results: list[ChoiceResult], usage: Usage, texts: TokenTexts
+) -> dict[str, Any]:
+    choices = []
+    for i, r in enumerate(results):
+        lps = {"content": chat_entries(r.logprobs, texts)} if r.logprobs is not None else None
+        choices.append(
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": r.text},
+                "logprobs": lps,
+                "finish_reason": r.finish_reason,
+            }
+        )
+    return _envelope(request_id, "chat.completion", created, model, choices, usage)
+
+
+def completion_body(
+    request_id: str,
+    created: int,
+    model: str,
+    results: list[ChoiceResult],
+    usage: Usage,
+    texts: TokenTexts,
+    echo_texts: list[str] | None,
+) -> dict[str, Any]:
+    choices = []
+    for i, r in enumerate(results):
+        prefix = echo_texts[i // usage.n] if echo_texts is not None else ""
+        lps = CompletionLogprobs().columns(r.logprobs, texts) if r.logprobs is not None else None
+        choices.append(
+            {"index": i, "text": prefix + r.text, "logprobs": lps, "finish_reason": r.finish_reason}
+        )
+    return _envelope(request_id, "text_completion", created, model, choices, usage)
+
+
+def _envelope(
+    request_id: str, obj: str, created: int, model: str, choices: list[dict[str, Any]], usage: Usage
+) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "object": obj,
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage.body(),
+    }

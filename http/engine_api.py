@@ -1,0 +1,97 @@
+"""What the HTTP layer needs from an engine, as Protocols: the server never imports torch itself.
+
+`rillet.core.engine.Engine` satisfies these structurally; so does the test double in
+tests/http/fake_engine.py. The exception classes are looked up on the engine's own module so
+that the front end stays importable (and testable) without loading the model stack.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from rillet.core.config import RilletConfig
+from rillet.core.outputs import StepOutput
+from rillet.core.ring import SpscRing
+from rillet.core.sampling_params import SamplingParams
+
+
+class TokenizerLike(Protocol):
+    eos_token_ids: Sequence[int]
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str: ...
+
+    def id_to_token(self, token_id: int) -> str: ...
+
+    def token_bytes(self, token_id: int) -> bytes | None: ...
+
+
+class StatsLike(Protocol):
+    running: int
+    waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    steps: int
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    generated_tokens: int
+    cached_blocks: int
+
+
+class EngineLike(Protocol):
+    cfg: RilletConfig
+    model_name: str
+    max_model_len: int
+    ring: SpscRing[StepOutput]
+    error: str | None
+
+    @property
+    def tokenizer(self) -> Any: ...  # TokenizerLike; Any so concrete tokenizer classes need not match exactly
+
+    @property
+    def healthy(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        n: int = 1,
+        deadline: float | None = None,
+    ) -> None: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> StatsLike: ...
+
+
+ProgressFn = Callable[[str, float], None]
+
+
+def engine_exception(engine: EngineLike, name: str) -> type[BaseException]:
+    """`QueueFullError` / `EngineDeadError` as defined next to the engine class (never matches if absent)."""
+    module = sys.modules.get(type(engine).__module__)
+    exc = getattr(module, name, None)
+    if isinstance(exc, type) and issubclass(exc, BaseException):
+        return exc
+    return _NeverRaised
+
+
+class _NeverRaised(Exception):
+    pass
+
+
+def vocab_size(tokenizer: Any) -> int | None:
+    size = getattr(tokenizer, "vocab_size", None)
+    return size if isinstance(size, int) and size > 0 else None

@@ -1,0 +1,117 @@
+"""API errors in the OpenAI shape: `{"error": {"message", "type", "param", "code"}}`.
+
+Every failure the server reports goes through `ApiError`; handlers raise it and the error
+middleware (server.py) turns it into a response, so a bad request can never surface as a 500.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+from rillet.core.request import FinishReason
+
+JSON_CONTENT_TYPE = "application/json"
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.body())
+
+    def response(self) -> web.Response:
+        return web.Response(
+            status=self.status, body=self.to_json(), content_type=JSON_CONTENT_TYPE, headers=self.headers
+        )
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def unsupported(param: str, what: str = "is not supported by this server") -> ApiError:
+    return ApiError(400, f"'{param}' {what}", param=param, code="unsupported_parameter")
+
+
+def model_not_found(model: str) -> ApiError:
+    return ApiError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
+
+
+def unavailable(phase: str, detail: str = "") -> ApiError:
+    message = {
+        "starting": "The server is starting: the model is still loading",
+        "draining": "The server is shutting down and accepts no new requests",
+        "dead": "The inference engine has stopped",
+    }.get(phase, "The server is not ready")
+    if detail:
+        message = f"{message}: {detail}"
+    return ApiError(503, message, type="service_unavailable_error", code=phase, headers={"Retry-After": "1"})
+
+
+def queue_full(detail: str) -> ApiError:
+    return ApiError(
+        429,
+        f"The server is at capacity ({detail}); retry shortly",
+        type="rate_limit_error",
+        code="queue_full",
+        headers={"Retry-After": "1"},
+    )
+
+
+def from_http_exception(exc: web.HTTPException, method: str, path: str) -> ApiError:
+    """aiohttp's own 404/405/413 (routing, body size) in our shape."""
+    status = exc.status
+    if status == 404:
+        return ApiError(404, f"Invalid URL ({method} {path})", code="unknown_url")
+    if status == 405:
+        return ApiError(405, f"Method {method} is not allowed on {path}", code="method_not_allowed")
+    if status == 413:
+        return ApiError(413, "Request body is too large", code="request_too_large")
+    code = "server_error" if status >= 500 else "invalid_request_error"
+    return ApiError(status, exc.reason or "HTTP error", type=code)
+
+
+def internal_error() -> ApiError:
+    return ApiError(
+        500, "Internal server error; see the server log", type="server_error", code="internal_error"
+    )
+
+
+def finish_failure(reason: FinishReason | None, error: str | None) -> ApiError | None:
+    """An ERROR / ABORT end the client should hear about (its own disconnects never get that far)."""
+    if reason is FinishReason.ERROR:
+        return ApiError(
+            500,
+            f"generation failed: {error or 'unknown error'}",
+            type="server_error",
+            code="generation_error",
+        )
+    if reason is FinishReason.ABORT:
+        return ApiError(
+            503,
+            error or "the request was aborted by the server",
+            type="service_unavailable_error",
+            code="aborted",
+        )
+    return None

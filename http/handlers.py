@@ -1,0 +1,116 @@
+"""Route handlers: the two generation endpoints, models, health and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from .engine_api import EngineLike
+from .errors import JSON_CONTENT_TYPE, ApiError, bad_request, model_not_found
+from .generate import run_generation
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .protocol import GenRequest, Limits, parse_chat, parse_completion
+from .state import ServerState
+
+STATE: web.AppKey[ServerState] = web.AppKey("rillet_state", ServerState)
+# Bodies above this are parsed and tokenized off the event loop, so a huge prompt does not stall
+# the streams being served; small ones are cheaper inline than a thread hop.
+_INLINE_PARSE_BYTES = 32 * 1024
+
+Parser = Callable[[dict[str, Any], Any, Limits], GenRequest]
+
+
+def _json(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(obj), content_type=JSON_CONTENT_TYPE)
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        limit = request.app[STATE].cfg.server.max_body_bytes
+        raise ApiError(
+            413, f"Request body is too large (limit: {limit} bytes)", code="request_too_large"
+        ) from exc
+    if not raw:
+        raise bad_request("the request body is empty; expected a JSON object", code="invalid_json")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+async def _generate(request: web.Request, parser: Parser) -> web.StreamResponse:
+    state = request.app[STATE]
+    engine = state.ready_engine()
+    state.begin()
+    try:
+        body = await read_json(request)
+        gen = await _parse(parser, body, engine, state, request.content_length or 0)
+        return await run_generation(request, state, engine, gen)
+    finally:
+        state.end()
+
+
+async def _parse(
+    parser: Parser, body: dict[str, Any], engine: EngineLike, state: ServerState, size: int
+) -> GenRequest:
+    limits = state.limits
+    assert limits is not None
+    if size <= _INLINE_PARSE_BYTES:
+        return parser(body, engine.tokenizer, limits)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(None, parser, body, engine.tokenizer, limits)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, parse_chat)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, parse_completion)
+
+
+def _model_card(state: ServerState, engine: EngineLike) -> dict[str, Any]:
+    return {
+        "id": engine.model_name,
+        "object": "model",
+        "created": state.started,
+        "owned_by": "rillet",
+        "max_model_len": engine.max_model_len,
+    }
+
+
+async def list_models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    engine = state.ready_engine()
+    return _json({"object": "list", "data": [_model_card(state, engine)]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    engine = state.ready_engine()
+    name = request.match_info["model"]
+    if name != engine.model_name:
+        raise model_not_found(name)
+    return _json(_model_card(state, engine))
+
+
+async def health(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    body: dict[str, Any] = {"status": "ok" if state.phase == "ready" else state.phase}
+    if state.engine is not None and state.engine.error:
+        body["error"] = state.engine.error
+    return _json(body, 200 if state.phase == "ready" else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    return web.Response(body=state.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})

@@ -1,0 +1,102 @@
+"""Prometheus metrics of one app, in its own CollectorRegistry (several servers may share a process).
+
+Per-token work is kept to the dispatcher's batch: one `inc` per engine step for generated tokens,
+one histogram observation per request per step for latencies. Engine gauges are read from
+`engine.stats()` only when /metrics is scraped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from .stream_state import RequestStream
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
+_E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0)
+
+# (name, help, kind, value); kind is "gauge" or "counter"
+Sample = tuple[str, str, str, float]
+
+
+class _Snapshot(Collector):
+    """Engine-side numbers, computed at scrape time."""
+
+    def __init__(self, snapshot: Callable[[], list[Sample]]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        for name, doc, kind, value in self._snapshot():
+            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            yield family(name, doc, value=value)
+
+
+class Metrics:
+    def __init__(self, snapshot: Callable[[], list[Sample]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.requests = Counter(
+            "rillet_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r
+        )
+        self.prompt_tokens = Counter("rillet_prompt_tokens", "Prompt tokens of accepted requests", registry=r)
+        self.generation_tokens = Counter("rillet_generation_tokens", "Tokens generated", registry=r)
+        self.ttft = Histogram(
+            "rillet_time_to_first_token_seconds", "Arrival to first token", buckets=_TTFT_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            "rillet_inter_token_latency_seconds",
+            "Time between a request's consecutive tokens",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "rillet_request_latency_seconds", "Arrival to last token", buckets=_E2E_BUCKETS, registry=r
+        )
+        r.register(_Snapshot(snapshot))
+
+    def token_times(self, stream: RequestStream, now: float, num_tokens: int) -> None:
+        """Called by the dispatcher once per delta with tokens; `now` is shared by the whole step."""
+        if stream.first_token_at is None:
+            stream.first_token_at = now
+            self.ttft.observe(now - stream.arrival)
+        elif now != stream.last_token_at:  # n > 1: the other choices of the same step add nothing
+            self.itl.observe((now - stream.last_token_at) / num_tokens)
+        stream.last_token_at = now
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def engine_samples(stats: Any, wakeups: int, active_streams: int) -> list[Sample]:
+    """Gauges and counters from an `EngineStats` (see core/engine.py)."""
+    hit = stats.cached_prompt_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0
+    usage = stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0
+    return [
+        ("rillet_num_requests_running", "Sequences running in the engine", "gauge", stats.running),
+        (
+            "rillet_num_requests_waiting",
+            "Sequences waiting for admission (queue depth)",
+            "gauge",
+            stats.waiting,
+        ),
+        ("rillet_kv_blocks_used", "KV cache blocks in use", "gauge", stats.kv_blocks_used),
+        ("rillet_kv_blocks_total", "KV cache blocks in the pool", "gauge", stats.kv_blocks_total),
+        ("rillet_kv_cache_usage_ratio", "Fraction of KV blocks in use", "gauge", usage),
+        (
+            "rillet_prefix_cache_hit_rate",
+            "Prompt tokens served from the prefix cache / prompt tokens",
+            "gauge",
+            hit,
+        ),
+        ("rillet_prefix_cache_blocks", "Blocks held by the prefix cache", "gauge", stats.cached_blocks),
+        ("rillet_engine_steps", "Engine steps run", "counter", stats.steps),
+        ("rillet_ring_wakeups", "Engine -> event loop wake-ups", "counter", wakeups),
+        ("rillet_active_streams", "Requests the front end is serving", "gauge", active_streams),
+    ]

@@ -1,0 +1,258 @@
+"""OpenAI request bodies -> a validated `GenRequest` (token ids + SamplingParams), or a 400.
+
+All input checking happens here, before anything reaches the engine. Unknown top-level fields
+are ignored (as OpenAI and vLLM do), but fields we know and do not support are rejected naming
+the parameter, so a client never silently gets behaviour it did not ask for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rillet.core.sampling_params import MAX_LOGPROBS, SamplingParams
+
+from .chat_messages import parse_messages
+from .errors import ApiError, bad_request, model_not_found, unsupported
+from .fields import (
+    Body,
+    is_int,
+    opt_bool,
+    opt_dict,
+    opt_float,
+    opt_int,
+    opt_int_list,
+    opt_str,
+    opt_str_list,
+    type_name,
+)
+
+Kind = Literal["chat", "completion"]
+# Rejected whenever present and not null / empty: they would change the answer's meaning.
+_UNSUPPORTED = (
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "audio",
+    "prediction",
+    "web_search_options",
+)
+_FLOAT_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a request is checked against: the served model and the server's caps."""
+
+    model_name: str
+    max_model_len: int
+    max_tokens_cap: int
+    default_max_tokens: int
+    max_n: int
+    vocab_size: int | None = None
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    kind: Kind
+    prompts: list[list[int]]  # one engine request per prompt; choice index = prompt * n + i
+    params: list[SamplingParams]  # per prompt (the default max_tokens depends on its length)
+    n: int
+    stream: bool
+    include_usage: bool
+    logprobs: int | None  # top-N alternatives per token when logprobs were asked for
+    echo_texts: list[str] | None  # completions with echo: the prompt text to prepend per prompt
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.prompts) * self.n
+
+
+def parse_chat(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
+    _check_common(body, limits)
+    messages = parse_messages(body.get("messages"))
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise bad_request(f"cannot apply the chat template: {exc}", param="messages") from exc
+    # The template already holds any BOS the model wants.
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    logprobs = _chat_logprobs(body)
+    max_tokens_field = (
+        "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    )
+    return _build("chat", body, [ids], "messages", max_tokens_field, logprobs, None, limits)
+
+
+def parse_completion(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
+    _check_common(body, limits)
+    if body.get("suffix") is not None:
+        raise unsupported("suffix", "(insertion after the completion) is not supported")
+    logprobs = opt_int(body, "logprobs", 0, MAX_LOGPROBS)
+    echo = bool(opt_bool(body, "echo"))
+    if echo and logprobs is not None:
+        raise unsupported(
+            "echo", "together with 'logprobs' is not supported: prompt logprobs are not computed"
+        )
+    prompts, texts = _completion_prompts(body.get("prompt"), tokenizer, limits.vocab_size)
+    if echo:
+        texts = [t if t is not None else tokenizer.decode(ids) for ids, t in zip(prompts, texts, strict=True)]
+    echo_texts = [t or "" for t in texts] if echo else None
+    return _build("completion", body, prompts, "prompt", "max_tokens", logprobs, echo_texts, limits)
+
+
+# ---- shared --------------------------------------------------------------------------------------
+
+
+def _check_common(body: Body, limits: Limits) -> None:
+    model = body.get("model")
+    if model is None:
+        raise bad_request(
+            "you must provide a model parameter", param="model", code="missing_required_parameter"
+        )
+    if not isinstance(model, str):
+        raise bad_request(
+            f"'model' must be a string, got {type_name(model)}", param="model", code="invalid_type"
+        )
+    if model != limits.model_name:
+        raise model_not_found(model)
+    for name in _UNSUPPORTED:
+        if body.get(name) not in (None, [], {}):
+            raise unsupported(name)
+    if body.get("logit_bias") not in (None, {}):
+        raise unsupported("logit_bias")
+    fmt = body.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise unsupported("response_format", 'other than {"type": "text"} is not supported')
+    if body.get("modalities") not in (None, ["text"]):
+        raise unsupported("modalities", 'other than ["text"] is not supported')
+    opt_str(body, "user")
+
+
+def _chat_logprobs(body: Body) -> int | None:
+    wanted = opt_bool(body, "logprobs")
+    top = opt_int(body, "top_logprobs", 0, MAX_LOGPROBS)
+    if top is not None and not wanted:
+        raise bad_request("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _build(
+    kind: Kind,
+    body: Body,
+    prompts: list[list[int]],
+    prompt_field: str,
+    max_tokens_field: str,
+    logprobs: int | None,
+    echo_texts: list[str] | None,
+    limits: Limits,
+) -> GenRequest:
+    n = opt_int(body, "n", 1, limits.max_n) or 1
+    best_of = opt_int(body, "best_of")
+    if best_of is not None and best_of != n:
+        raise unsupported("best_of", "other than n is not supported")
+    stream = bool(opt_bool(body, "stream"))
+    options = opt_dict(body, "stream_options")
+    if options is not None and not stream:
+        raise bad_request("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+    include_usage = (options or {}).get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise bad_request(
+            "'stream_options.include_usage' must be a boolean", param="stream_options.include_usage"
+        )
+    max_tokens = opt_int(body, max_tokens_field, 1, limits.max_tokens_cap)
+    base = _sampling_params(body, logprobs)
+    params = [_fit_context(base, len(p), max_tokens, prompt_field, max_tokens_field, limits) for p in prompts]
+    return GenRequest(kind, prompts, params, n, stream, bool(include_usage), logprobs, echo_texts)
+
+
+def _sampling_params(body: Body, logprobs: int | None) -> SamplingParams:
+    kwargs: dict[str, Any] = {name: opt_float(body, name) for name in _FLOAT_FIELDS}
+    kwargs["top_k"] = opt_int(body, "top_k")
+    kwargs["seed"] = opt_int(body, "seed")
+    kwargs["min_tokens"] = opt_int(body, "min_tokens", 0)
+    kwargs["stop"] = opt_str_list(body, "stop")
+    kwargs["stop_token_ids"] = opt_int_list(body, "stop_token_ids")
+    kwargs["ignore_eos"] = opt_bool(body, "ignore_eos")
+    kwargs["include_stop_str_in_output"] = opt_bool(body, "include_stop_str_in_output")
+    kwargs["logprobs"] = logprobs
+    given = {k: v for k, v in kwargs.items() if v is not None}
+    # max_tokens is settled per prompt later; a large placeholder keeps min_tokens checkable now.
+    return _make_params(dict(given, max_tokens=2**31 - 1))
+
+
+def _make_params(kwargs: dict[str, Any]) -> SamplingParams:
+    try:
+        return SamplingParams(**kwargs)
+    except ValueError as exc:
+        field, _, message = str(exc).partition(": ")
+        raise bad_request(f"'{field}' {message}" if message else str(exc), param=field or None) from exc
+
+
+def _fit_context(
+    base: SamplingParams,
+    prompt_len: int,
+    max_tokens: int | None,
+    prompt_field: str,
+    max_tokens_field: str,
+    limits: Limits,
+) -> SamplingParams:
+    if prompt_len == 0:
+        raise bad_request(f"'{prompt_field}' must contain at least one token", param=prompt_field)
+    room = limits.max_model_len - prompt_len
+    if room < 1:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {limits.max_model_len} tokens; the prompt has "
+            f"{prompt_len} tokens, which leaves no room for a completion",
+            param=prompt_field,
+            code="context_length_exceeded",
+        )
+    if max_tokens is not None and max_tokens > room:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {limits.max_model_len} tokens; you requested "
+            f"{prompt_len + max_tokens} tokens ({prompt_len} in the {prompt_field}, {max_tokens} in the "
+            f"completion)",
+            param=max_tokens_field,
+            code="context_length_exceeded",
+        )
+    chosen = max_tokens if max_tokens is not None else min(limits.default_max_tokens, room)
+    if base.min_tokens > chosen:
+        raise bad_request(
+            f"'min_tokens' ({base.min_tokens}) exceeds max_tokens ({chosen})", param="min_tokens"
+        )
+    return dataclasses.replace(base, max_tokens=chosen)
+
+
+def _completion_prompts(
+    value: Any, tokenizer: Any, vocab_size: int | None
+) -> tuple[list[list[int]], list[str | None]]:
+    """prompt: a string, strings, token ids, or lists of token ids -> (ids per prompt, text or None)."""
+    if value is None:
+        raise bad_request("you must provide a prompt", param="prompt", code="missing_required_parameter")
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise bad_request("'prompt' must be a string, an array of strings or of token ids", param="prompt")
+    if all(isinstance(v, str) for v in value):
+        texts: list[str | None] = list(value)
+        return [tokenizer.encode(t) for t in value], texts
+    if all(is_int(v) for v in value):
+        value = [value]
+    if not all(isinstance(p, list) and p and all(is_int(t) for t in p) for p in value):
+        raise bad_request("'prompt' must be a string, an array of strings or of token ids", param="prompt")
+    for ids in value:
+        bad = [t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
+        if bad:
+            raise bad_request(f"'prompt' holds token id {bad[0]} outside the vocabulary", param="prompt")
+    return [list(p) for p in value], [None] * len(value)

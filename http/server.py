@@ -1,0 +1,102 @@
+"""The aiohttp application: routes, the one middleware (auth, errors, request metrics), the runner.
+
+`HttpServer` opens the socket with a `ServerState` that may not have an engine yet (503 until
+`state.attach(engine)`); `rillet serve` (serve.py) and the tests both drive it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from .errors import ApiError, from_http_exception, internal_error
+from .handlers import STATE, chat_completions, completions, get_model, health, list_models, metrics
+from .state import ServerState
+
+log = logging.getLogger(__name__)
+
+
+@web.middleware
+async def api_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    state = request.app[STATE]
+    resource = request.match_info.route.resource
+    endpoint = resource.canonical if resource is not None else "unmatched"
+    status = 500
+    try:
+        state.keys.check(request.path, request.headers.get("Authorization"))
+        resp = await handler(request)
+        status = resp.status
+        return resp
+    except ApiError as exc:
+        status = exc.status
+        return exc.response()
+    except web.HTTPException as exc:  # routing (404/405) and aiohttp's own checks
+        mapped = from_http_exception(exc, request.method, request.path)
+        status = mapped.status
+        return mapped.response()
+    except (asyncio.CancelledError, ConnectionResetError):
+        status = 499  # client closed the request (nginx's convention), for the metrics only
+        raise
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return internal_error().response()
+    finally:
+        state.metrics.requests.labels(endpoint, str(status)).inc()
+
+
+def build_app(state: ServerState) -> web.Application:
+    app = web.Application(client_max_size=state.cfg.server.max_body_bytes, middlewares=[api_middleware])
+    app[STATE] = state
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model}", get_model)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+class HttpServer:
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.app = build_app(state)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> int:
+        """Listens on host:port (0 = any free port); returns the port."""
+        srv = self.state.cfg.server
+        access_log = logging.getLogger("aiohttp.access") if log.isEnabledFor(logging.DEBUG) else None
+        self._runner = web.AppRunner(
+            self.app,
+            # A client that disconnects cancels its handler, whose `finally` aborts the request in
+            # the engine: non-streaming requests notice a vanished client too, not only streams.
+            handler_cancellation=True,
+            access_log=access_log,
+            max_line_size=srv.max_header_bytes,
+            max_field_size=srv.max_header_bytes,
+            shutdown_timeout=1.0,
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        ports = self._bound_ports()
+        self.port = ports[0] if ports else port
+        return self.port
+
+    def _bound_ports(self) -> list[int]:
+        assert self._runner is not None
+        ports = []
+        for addr in self._runner.addresses:
+            if isinstance(addr, tuple) and len(addr) >= 2:
+                ports.append(int(addr[1]))
+        return ports
+
+    async def stop(self) -> None:
+        await self.state.detach()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

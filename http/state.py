@@ -1,0 +1,113 @@
+"""What one running server holds: config, phase, the engine once loaded, its dispatcher, metrics.
+
+Phases: starting (listening, model still loading: 503) -> ready -> draining (503 for new work,
+in-flight requests finish) ; dead when the engine thread died. The engine arrives through
+`attach`, after the socket is already open, so that clients and load balancers get a clear 503
+instead of connection refused while a model loads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Literal
+
+from rillet.core.config import RilletConfig
+
+from .auth import ApiKeys
+from .dispatcher import Dispatcher
+from .engine_api import EngineLike, engine_exception, vocab_size
+from .errors import unavailable
+from .logprobs import TokenTexts
+from .metrics import Metrics, Sample, engine_samples
+from .protocol import Limits
+
+log = logging.getLogger(__name__)
+
+Phase = Literal["starting", "ready", "draining", "dead"]
+_WATCH_INTERVAL_S = 0.25
+
+
+class ServerState:
+    def __init__(self, cfg: RilletConfig) -> None:
+        self.cfg = cfg
+        self.phase: Phase = "starting"
+        self.started = int(time.time())
+        self.keys = ApiKeys(cfg.server.api_keys)
+        self.metrics = Metrics(self._samples)
+        self.engine: EngineLike | None = None
+        self.dispatcher: Dispatcher | None = None
+        self.limits: Limits | None = None
+        self.texts: TokenTexts | None = None
+        self.queue_full_error: type[BaseException] = Exception
+        self.engine_dead_error: type[BaseException] = Exception
+        self.inflight = 0  # API requests being handled (parsing included); draining waits for 0
+        self.idle = asyncio.Event()  # set whenever inflight == 0
+        self.idle.set()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def attach(self, engine: EngineLike) -> None:
+        """On the event loop: become the engine's ring consumer and start serving."""
+        cfg = self.cfg
+        self.engine = engine
+        self.texts = TokenTexts(engine.tokenizer)
+        self.limits = Limits(
+            model_name=engine.model_name,
+            max_model_len=engine.max_model_len,
+            max_tokens_cap=cfg.server.max_tokens_cap,
+            default_max_tokens=cfg.server.default_max_tokens,
+            max_n=cfg.server.max_n,
+            vocab_size=vocab_size(engine.tokenizer),
+        )
+        self.queue_full_error = engine_exception(engine, "QueueFullError")
+        self.engine_dead_error = engine_exception(engine, "EngineDeadError")
+        disp = Dispatcher(engine.ring, engine.abort, cfg.stream.max_buffered_tokens, self.metrics)
+        disp.attach(asyncio.get_running_loop())
+        self.dispatcher = disp
+        self._tasks = [
+            asyncio.create_task(disp.run(), name="rillet-dispatcher"),
+            asyncio.create_task(self._watch(disp, engine), name="rillet-engine-watch"),
+        ]
+        self.phase = "ready"
+
+    async def detach(self) -> None:
+        """Stop consuming the ring (the engine itself is shut down by its owner)."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self.dispatcher is not None:
+            self.dispatcher.detach()
+
+    async def _watch(self, disp: Dispatcher, engine: EngineLike) -> None:
+        await disp.watch(lambda: engine.healthy, lambda: engine.error, _WATCH_INTERVAL_S)
+        log.error("engine died: %s; serving 503 from now on", engine.error)
+        self.phase = "dead"
+
+    def ready_engine(self) -> EngineLike:
+        """The engine, or a 503 naming the phase."""
+        engine = self.engine
+        if self.phase != "ready" or engine is None:
+            raise unavailable(self.phase, (engine.error or "") if engine is not None else "")
+        return engine
+
+    # ---- in-flight accounting (for draining) -------------------------------------------------------
+    def begin(self) -> None:
+        self.inflight += 1
+        self.idle.clear()
+
+    def end(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self.idle.set()
+
+    def _samples(self) -> list[Sample]:
+        engine, disp = self.engine, self.dispatcher
+        if engine is None or disp is None:
+            return []
+        return engine_samples(engine.stats(), engine.ring.wakeups, disp.active)

@@ -1,0 +1,96 @@
+"""One request's pending output, between the dispatcher (producer) and its one consumer coroutine.
+
+Both run on the event loop, so there is no locking: the dispatcher appends deltas in engine
+order and wakes the consumer only if it is parked; the consumer takes everything pending at once.
+That hand-over is where coalescing comes from: whatever piled up while the consumer was busy
+(writing to a slow socket) is taken in one go, in order, nothing dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from rillet.core.outputs import SeqDelta
+from rillet.core.request import FinishReason
+
+from .errors import ApiError
+
+
+class RequestStream:
+    __slots__ = (
+        "_waiter",
+        "arrival",
+        "engine_ids",
+        "failure",
+        "first_token_at",
+        "last_token_at",
+        "num_choices",
+        "pending",
+        "pending_tokens",
+        "request_id",
+        "unfinished",
+    )
+
+    def __init__(self, request_id: str, num_choices: int, engine_ids: tuple[str, ...] = ()) -> None:
+        self.request_id = request_id
+        self.engine_ids = engine_ids or (request_id,)  # one engine request per prompt
+        self.num_choices = num_choices
+        self.pending: list[SeqDelta] = []
+        self.pending_tokens = 0  # tokens in `pending`; bounded by stream.max_buffered_tokens
+        self.unfinished = num_choices  # choices whose final delta has not arrived yet
+        self.failure: ApiError | None = None  # set when the server cut this request off
+        self.arrival = time.monotonic()
+        self.first_token_at: float | None = None  # for TTFT / inter-token latency metrics
+        self.last_token_at = 0.0
+        self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Every choice has ended (or the request failed) and the consumer has taken all of it."""
+        return (self.unfinished == 0 or self.failure is not None) and not self.pending
+
+    @property
+    def done_in_engine(self) -> bool:
+        return self.unfinished == 0
+
+    def push(self, delta: SeqDelta) -> None:
+        if self.failure is not None:
+            return
+        self.pending.append(delta)
+        self.pending_tokens += len(delta.token_ids)
+        reason = delta.finish_reason
+        if reason is not None:
+            # ERROR / ABORT end the request as a whole (the engine ends every choice with it).
+            if reason is FinishReason.ERROR or reason is FinishReason.ABORT:
+                self.unfinished = 0
+            elif self.unfinished > 0:
+                self.unfinished -= 1
+        self._wake()
+
+    def fail(self, error: ApiError) -> None:
+        if self.failure is None:
+            self.failure = error
+        self._wake()
+
+    def take(self) -> list[SeqDelta]:
+        out = self.pending
+        self.pending = []
+        self.pending_tokens = 0
+        return out
+
+    async def wait(self) -> None:
+        """Returns once something is pending or the request has ended."""
+        if self.pending or self.failure is not None or self.unfinished == 0:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiter = waiter
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)

@@ -1,0 +1,169 @@
+"""Coalescing: first token alone, at most N tokens per event, merging under a busy socket, order kept."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fake_engine import FakeTokenizer
+from http_helpers import sse_events
+from rillet.core.config import StreamConfig
+from rillet.core.outputs import SeqDelta
+from rillet.core.request import FinishReason
+from rillet.http.chunks import ChunkFormat, Usage
+from rillet.http.coalesce import coalesce
+from rillet.http.logprobs import TokenTexts
+from rillet.http.sse import pump_sse
+from rillet.http.stream_state import RequestStream
+
+
+def delta(text: str, index: int = 0, finish: FinishReason | None = None, ntok: int | None = None) -> SeqDelta:
+    ids = list(range(ntok if ntok is not None else len(text)))
+    return SeqDelta("r", index, ids, text, None, finish, 3, 0, 0)
+
+
+def test_first_token_of_each_choice_is_alone() -> None:
+    started = [False, False]
+    pieces = coalesce([delta("a"), delta("b"), delta("c"), delta("x", 1), delta("y", 1)], 16, started)
+    assert [(p.index, p.text) for p in pieces] == [(0, "a"), (0, "bc"), (1, "x"), (1, "y")]
+    assert started == [True, True]
+    # Later rounds: no first-token split any more.
+    assert [p.text for p in coalesce([delta("d"), delta("e")], 16, started)] == ["de"]
+
+
+def test_at_most_n_tokens_per_event_and_order_kept() -> None:
+    letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN"  # 40 one-token deltas
+    pieces = coalesce([delta(ch) for ch in letters], 16, [True])
+    assert [p.num_tokens for p in pieces] == [16, 16, 8]
+    assert "".join(p.text for p in pieces) == letters
+    # One delta larger than the limit cannot be split per token: it stays one event.
+    big = coalesce([delta("xy"), delta("0123456789", ntok=10), delta("z")], 4, [True])
+    assert [p.text for p in big] == ["xy", "0123456789", "z"]
+
+
+def test_interleaved_choices_keep_their_own_order_and_finish() -> None:
+    ds = [
+        delta("a", 0),
+        delta("1", 1),
+        delta("b", 0),
+        delta("2", 1),
+        delta("c", 0, FinishReason.STOP),
+        delta("3", 1),
+    ]
+    pieces = coalesce(ds, 16, [True, True])
+    assert [(p.index, p.text, p.finish) for p in pieces] == [
+        (0, "abc", FinishReason.STOP),
+        (1, "123", None),
+    ]
+
+
+def _fmt(n: int = 1) -> ChunkFormat:
+    return ChunkFormat(True, "chatcmpl-x", 0, "m", n, False, TokenTexts(FakeTokenizer()))
+
+
+def _contents(writes: list[bytes]) -> list[list[str]]:
+    """Per write: the content of each content event in it."""
+    out = []
+    for w in writes:
+        events = [e for e in sse_events(w) if e != "[DONE]"]
+        out.append(
+            [e["choices"][0]["delta"]["content"] for e in events if "content" in e["choices"][0]["delta"]]
+        )
+    return out
+
+
+def test_tokens_piling_up_behind_a_busy_socket_merge_into_one_write() -> None:
+    async def scenario() -> list[bytes]:
+        stream = RequestStream("r", 1)
+        writes: list[bytes] = []
+        socket_free = asyncio.Event()
+        socket_free.set()
+
+        async def write(data: bytes) -> None:
+            writes.append(data)
+            await socket_free.wait()
+
+        cfg = StreamConfig(max_tokens_per_event=4)
+        fmt = _fmt()
+        task = asyncio.create_task(pump_sse(stream, fmt, Usage([3], 1), write, cfg, fmt.role()))
+        await asyncio.sleep(0.01)
+        stream.push(delta("a"))  # the first token goes out at once
+        await asyncio.sleep(0.01)
+        socket_free.clear()  # the client stops reading
+        stream.push(delta("b"))
+        await asyncio.sleep(0.01)  # the writer is stuck writing "b"
+        for ch in "cdefghij":
+            stream.push(delta(ch))
+        await asyncio.sleep(0.01)
+        assert len(writes) == 3  # role, "a", "b": nothing more while the socket is busy
+        socket_free.set()
+        await asyncio.sleep(0.01)
+        stream.push(delta("k", finish=FinishReason.LENGTH))
+        await asyncio.wait_for(task, 5)
+        return writes
+
+    writes = asyncio.run(scenario())
+    contents = _contents(writes)
+    assert contents[:3] == [[""], ["a"], ["b"]]
+    assert contents[3] == ["cdef", "ghij"]  # 8 tokens that piled up: one write, 4 per event
+    assert "".join(c for w in contents for c in w) == "abcdefghijk"
+    assert sse_events(writes[-1])[-1] == "[DONE]"
+
+
+def test_max_delay_gathers_later_tokens_but_never_the_first() -> None:
+    async def scenario() -> list[tuple[float, bytes]]:
+        loop = asyncio.get_running_loop()
+        stream = RequestStream("r", 1)
+        writes: list[tuple[float, bytes]] = []
+
+        async def write(data: bytes) -> None:
+            writes.append((loop.time(), data))
+
+        cfg = StreamConfig(max_tokens_per_event=16, max_delay_ms=80)
+        task = asyncio.create_task(pump_sse(stream, _fmt(), Usage([3], 1), write, cfg, b""))
+        await asyncio.sleep(0)
+        t0 = loop.time()
+        stream.push(delta("a"))
+        await asyncio.sleep(0.01)
+        assert len(writes) == 1 and writes[0][0] - t0 < 0.05  # first token: no delay
+        stream.push(delta("b"))
+        await asyncio.sleep(0.02)
+        stream.push(delta("c"))  # within the gathering window of "b"
+        await asyncio.sleep(0.15)
+        stream.push(delta("d", finish=FinishReason.STOP))
+        await asyncio.wait_for(task, 5)
+        return writes
+
+    writes = asyncio.run(scenario())
+    assert _contents([w for _, w in writes])[:2] == [["a"], ["bc"]]
+
+
+def test_usage_chunk_and_logprobs_events() -> None:
+    async def scenario() -> bytes:
+        stream = RequestStream("r", 1)
+        out: list[bytes] = []
+
+        async def write(data: bytes) -> None:
+            out.append(data)
+
+        fmt = ChunkFormat(False, "cmpl-x", 0, "m", 1, True, TokenTexts(FakeTokenizer()))
+        task = asyncio.create_task(pump_sse(stream, fmt, Usage([3], 1), write, StreamConfig(), b""))
+        from rillet.core.request import TokenLogprob
+
+        lp = [TokenLogprob(104, -0.5, [(104, -0.5), (105, -1.0)])]
+        stream.push(SeqDelta("r", 0, [104], "h", lp, None, 3, 1, 1))
+        stream.push(SeqDelta("r", 0, [105], "i", None, FinishReason.LENGTH, 3, 1, 2))
+        await asyncio.wait_for(task, 5)
+        return b"".join(out)
+
+    events: list[Any] = sse_events(asyncio.run(scenario()))
+    assert events[0]["choices"][0]["logprobs"] == {
+        "tokens": ["h"],
+        "token_logprobs": [-0.5],
+        "top_logprobs": [{"h": -0.5, "i": -1.0}],
+        "text_offset": [0],
+    }
+    assert all(e["usage"] is None for e in events[:-2])
+    assert events[-2]["choices"] == [] and events[-2]["usage"]["completion_tokens"] == 2
+    assert events[-2]["usage"]["prompt_tokens_details"] == {"cached_tokens": 1}
+    assert events[-1] == "[DONE]"

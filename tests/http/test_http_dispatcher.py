@@ -1,0 +1,146 @@
+"""The engine -> loop hand-off: the SPSC ring, wake-ups, routing, and the per-stream buffer bound."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from rillet.core.outputs import SeqDelta, StepOutput
+from rillet.core.ring import SpscRing
+from rillet.http.dispatcher import Dispatcher
+from rillet.http.stream_state import RequestStream
+
+
+def step(i: int, rid: str = "r", ntok: int = 1, index: int = 0) -> StepOutput:
+    return StepOutput(i, [SeqDelta(rid, index, [7] * ntok, "x" * ntok, None, None, 3, 0, i)])
+
+
+def test_ring_wraps_around_in_order() -> None:
+    ring: SpscRing[int] = SpscRing(4)
+    seen: list[int] = []
+    for i in range(0, 30, 3):
+        for j in range(3):
+            assert ring.try_push(i + j)
+        seen += ring.pop_all()
+    assert seen == list(range(30)) and len(ring) == 0
+
+
+def test_full_ring_makes_the_producer_wait_never_overwrite() -> None:
+    ring: SpscRing[int] = SpscRing(4)
+    for i in range(4):
+        ring.push(i)
+    assert not ring.try_push(99)
+    pushed = threading.Event()
+
+    def producer() -> None:
+        ring.push(4)  # blocks until the consumer frees a slot
+        pushed.set()
+
+    t = threading.Thread(target=producer)
+    t.start()
+    time.sleep(0.05)
+    assert not pushed.is_set() and ring.full_waits == 1
+    assert ring.pop_all() == [0, 1, 2, 3]
+    t.join(2)
+    assert pushed.is_set() and ring.pop_all() == [4]
+    with pytest.raises(TimeoutError):
+        for i in range(5):
+            ring.push(i, timeout=0.01)
+
+
+def test_a_busy_loop_gets_one_wakeup_for_many_steps() -> None:
+    """Steps pushed while the loop is busy cost no wake-up; a parked dispatcher costs one per step."""
+
+    async def scenario() -> tuple[int, int, int]:
+        ring: SpscRing[StepOutput] = SpscRing(64)
+        disp = Dispatcher(ring, lambda rid: None, 10_000)
+        stream = RequestStream("r", 1)
+        disp.register("r", stream)
+        disp.attach(asyncio.get_running_loop())
+        task = asyncio.create_task(disp.run())
+        await asyncio.sleep(0.01)  # parked, flag raised
+        # 1) the loop is busy (blocked) while the engine pushes 20 steps
+        producer = threading.Thread(target=lambda: [ring.push(step(i)) for i in range(20)])
+        producer.start()
+        producer.join()
+        busy_wakeups = ring.wakeups  # at most the one for the first push after parking
+        await asyncio.sleep(0.01)
+        routed_busy = len(stream.take())
+        # 2) the loop idles between steps: one wake-up each
+        for i in range(5):
+            ring.push(step(100 + i))
+            await asyncio.sleep(0.005)
+        task.cancel()
+        disp.detach()
+        return busy_wakeups, routed_busy, ring.wakeups - busy_wakeups
+
+    busy_wakeups, routed, idle_wakeups = asyncio.run(scenario())
+    assert busy_wakeups == 1 and routed == 20
+    assert idle_wakeups == 5
+
+
+def test_engine_thread_steps_never_wake_the_loop_more_than_once_each() -> None:
+    async def scenario() -> tuple[int, int, int]:
+        ring: SpscRing[StepOutput] = SpscRing(16)
+        disp = Dispatcher(ring, lambda rid: None, 10_000)
+        stream = RequestStream("r", 1)
+        disp.register("r", stream)
+        disp.attach(asyncio.get_running_loop())
+        task = asyncio.create_task(disp.run())
+        steps = 300
+
+        def engine() -> None:
+            for i in range(steps):
+                ring.push(step(i))
+                if i % 3 == 0:
+                    time.sleep(0.0005)
+
+        t = threading.Thread(target=engine)
+        t.start()
+        got = 0
+        while got < steps:
+            await stream.wait()
+            got += len(stream.take())
+        t.join()
+        task.cancel()
+        return steps, ring.wakeups, disp.wakeups
+
+    steps, wakeups, woken = asyncio.run(scenario())
+    assert 0 < wakeups <= steps and woken <= wakeups
+
+
+def test_routing_offsets_choice_indices_and_drops_unregistered() -> None:
+    async def scenario() -> None:
+        ring: SpscRing[StepOutput] = SpscRing(8)
+        disp = Dispatcher(ring, lambda rid: None, 10_000)
+        stream = RequestStream("req", 4, ("req-0", "req-1"))
+        disp.register("req-0", stream, 0)
+        disp.register("req-1", stream, 2)
+        disp.route([StepOutput(1, [step(1, "req-1", index=1).deltas[0], step(1, "gone").deltas[0]])])
+        assert [d.index for d in stream.take()] == [3]
+        disp.unregister("req-1")
+        disp.route([step(2, "req-1")])
+        assert stream.take() == []
+
+    asyncio.run(scenario())
+
+
+def test_a_reader_too_far_behind_is_cut_off_and_aborted() -> None:
+    async def scenario() -> tuple[list[str], RequestStream]:
+        aborted: list[str] = []
+        ring: SpscRing[StepOutput] = SpscRing(8)
+        disp = Dispatcher(ring, aborted.append, max_buffered_tokens=5)
+        stream = RequestStream("req", 2, ("req-0", "req-1"))
+        disp.register("req-0", stream, 0)
+        disp.register("req-1", stream, 1)
+        disp.route([step(1, "req-0", ntok=3)])
+        assert stream.failure is None
+        disp.route([step(2, "req-0", ntok=3)])  # 6 tokens waiting > 5
+        assert disp.active == 0
+        return aborted, stream
+
+    aborted, stream = asyncio.run(scenario())
+    assert aborted == ["req-0", "req-1"]
+    assert stream.failure is not None and stream.failure.code == "stream_buffer_full"

@@ -1,0 +1,46 @@
+"""/health and /metrics (Prometheus text from the app's own registry)."""
+
+from __future__ import annotations
+
+import re
+
+from http_helpers import post, request
+from rillet.http.background import BackgroundServer
+
+
+def _value(text: str, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
+    assert m, f"{name} missing"
+    return float(m.group(1))
+
+
+def test_health_and_metrics(synth_server: BackgroundServer) -> None:
+    health = request(synth_server, "GET", "/health")
+    assert health.status_code == 200 and health.json() == {"status": "ok"}
+    engine = synth_server.state.engine
+    assert engine is not None
+    body = {"model": engine.model_name, "prompt": "count me", "max_tokens": 5, "stream": True}
+    for _ in range(3):
+        assert post(synth_server, "/v1/completions", body).status_code == 200
+    assert post(synth_server, "/v1/completions", {**body, "model": "nope"}).status_code == 404
+
+    resp = request(synth_server, "GET", "/metrics")
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
+    text = resp.text
+    assert _value(text, 'rillet_requests_total{endpoint="/v1/completions",status="200"}') == 3
+    assert _value(text, 'rillet_requests_total{endpoint="/v1/completions",status="404"}') == 1
+    assert _value(text, "rillet_generation_tokens_total") == 15
+    assert _value(text, "rillet_prompt_tokens_total") > 0
+    assert _value(text, "rillet_time_to_first_token_seconds_count") == 3
+    assert _value(text, "rillet_inter_token_latency_seconds_count") == 12
+    assert _value(text, "rillet_kv_blocks_total") == engine.stats().kv_blocks_total
+    for name in (
+        "rillet_kv_blocks_used",
+        "rillet_num_requests_running",
+        "rillet_num_requests_waiting",
+        "rillet_prefix_cache_hit_rate",
+        "rillet_prefix_cache_blocks",
+        "rillet_engine_steps_total",
+        "rillet_ring_wakeups_total",
+    ):
+        _value(text, name)

@@ -1,0 +1,115 @@
+"""Request parsing without a server: defaults, precedence, prompt forms, what reaches SamplingParams."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fake_engine import FakeTokenizer
+from rillet.http.errors import ApiError
+from rillet.http.protocol import Limits, parse_chat, parse_completion
+
+LIMITS = Limits("m", max_model_len=100, max_tokens_cap=80, default_max_tokens=50, max_n=4, vocab_size=257)
+TOK = FakeTokenizer()
+
+
+def chat(**kw: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw}
+
+
+def test_chat_defaults_and_template() -> None:
+    gen = parse_chat(chat(), TOK, LIMITS)
+    assert gen.kind == "chat" and gen.n == 1 and not gen.stream and gen.logprobs is None
+    assert gen.prompts == [TOK.encode("<user>hi\n<assistant>")]
+    p = gen.params[0]
+    assert p.max_tokens == 50 and p.temperature == 1.0 and p.stop == () and not p.ignore_eos
+
+
+def test_default_max_tokens_shrinks_to_the_room_left() -> None:
+    gen = parse_chat(chat(messages=[{"role": "user", "content": "x" * 70}]), TOK, LIMITS)
+    assert gen.params[0].max_tokens == 100 - len(gen.prompts[0])
+
+
+def test_sampling_fields_reach_sampling_params() -> None:
+    body = chat(
+        max_completion_tokens=7,
+        max_tokens=9,
+        temperature=0,
+        top_p=0.5,
+        top_k=-1,
+        min_p=0.1,
+        seed=3,
+        stop="END",
+        stop_token_ids=[5],
+        ignore_eos=True,
+        min_tokens=2,
+        repetition_penalty=1.2,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        logprobs=True,
+        top_logprobs=3,
+        n=2,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    gen = parse_chat(body, TOK, LIMITS)
+    p = gen.params[0]
+    assert p.max_tokens == 7  # max_completion_tokens wins over the deprecated max_tokens
+    assert (p.temperature, p.top_p, p.top_k, p.min_p, p.seed) == (0.0, 0.5, 0, 0.1, 3)
+    assert p.stop == ("END",) and p.stop_token_ids == (5,) and p.ignore_eos and p.min_tokens == 2
+    assert (p.repetition_penalty, p.presence_penalty, p.frequency_penalty) == (1.2, 0.5, -0.5)
+    assert p.logprobs == 3 and gen.logprobs == 3
+    assert gen.n == 2 and gen.stream and gen.include_usage and gen.num_choices == 2
+
+
+def test_message_forms() -> None:
+    msgs = [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": None},
+        {"role": "user", "content": "c", "name": "bob"},
+    ]
+    gen = parse_chat(chat(messages=msgs), TOK, LIMITS)
+    assert TOK.decode(gen.prompts[0]) == "<system>be brief\n<user>a\nb\n<assistant>\n<user>c\n<assistant>"
+    with pytest.raises(ApiError) as err:
+        parse_chat(chat(messages=[{"role": "tool", "content": "x"}]), TOK, LIMITS)
+    assert err.value.param == "messages[0].role"
+
+
+def test_completion_prompt_forms() -> None:
+    gen = parse_completion({"model": "m", "prompt": "ab", "max_tokens": 2}, TOK, LIMITS)
+    assert gen.prompts == [[97, 98]] and gen.echo_texts is None
+    gen = parse_completion({"model": "m", "prompt": ["ab", "c"], "n": 3, "echo": True}, TOK, LIMITS)
+    assert gen.prompts == [[97, 98], [99]] and gen.num_choices == 6 and gen.echo_texts == ["ab", "c"]
+    gen = parse_completion({"model": "m", "prompt": [97, 98], "echo": True}, TOK, LIMITS)
+    assert gen.prompts == [[97, 98]] and gen.echo_texts == ["ab"]
+    gen = parse_completion({"model": "m", "prompt": [[97], [98, 99]], "logprobs": 2}, TOK, LIMITS)
+    assert gen.prompts == [[97], [98, 99]] and gen.params[0].logprobs == 2
+    assert [p.max_tokens for p in gen.params] == [50, 50]
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"prompt": "x", "max_tokens": 81}, "max_tokens", "invalid_value"),  # over max_tokens_cap
+        ({"prompt": "x", "n": 5}, "n", "invalid_value"),
+        ({"prompt": "x" * 100}, "prompt", "context_length_exceeded"),
+        ({"prompt": "x" * 30, "max_tokens": 71}, "max_tokens", "context_length_exceeded"),
+        ({"prompt": ""}, "prompt", None),
+        ({"prompt": "x", "temperature": True}, "temperature", "invalid_type"),
+        ({"prompt": "x", "stop_token_ids": [-1]}, "stop_token_ids", None),
+        ({"prompt": "x", "user": 5}, "user", "invalid_type"),
+        ({"prompt": "x", "model": None}, "model", "missing_required_parameter"),
+    ],
+)
+def test_completion_errors(body: dict[str, Any], param: str, code: str | None) -> None:
+    with pytest.raises(ApiError) as err:
+        parse_completion({"model": "m", **body}, TOK, LIMITS)
+    assert err.value.status == 400 and err.value.param == param
+    if code is not None:
+        assert err.value.code == code
+
+
+def test_integral_floats_are_integers() -> None:
+    gen = parse_completion({"model": "m", "prompt": "x", "max_tokens": 3.0, "n": 2.0}, TOK, LIMITS)
+    assert gen.params[0].max_tokens == 3 and gen.n == 2
