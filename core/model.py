@@ -18,6 +18,7 @@ from torch import nn
 
 from .attention import AttentionBackend, AttentionMetadata
 from .model_arch import ModelArch
+from .quant_int4 import Int4Weight, lin, quantize_module_weights
 from .rope import RotaryEmbedding, apply_rope
 
 logger = logging.getLogger(__name__)
@@ -56,15 +57,15 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:  # [T, H]
         t, d, nq, nkv = x.shape[0], self.head_dim, self.n_q, self.n_kv
         h = F.rms_norm(x, self.input_layernorm.shape, self.input_layernorm, self.eps)
-        qkv = F.linear(h, self.qkv_weight, self.qkv_bias)  # [T, (Hq + 2 Hkv) * D]
+        qkv = lin(h, self.qkv_weight, self.qkv_bias)  # [T, (Hq + 2 Hkv) * D]
         # q and k share positions: rotate them as one [T, Hq + Hkv, D] view
         qk = apply_rope(qkv[:, : (nq + nkv) * d].view(t, nq + nkv, d), cos, sin)
         v = qkv[:, (nq + nkv) * d :].view(t, nkv, d)
         o = self.backend.forward(qk[:, :nq], qk[:, nq:], v, kv_cache[0], kv_cache[1], meta, self.scale)
-        x = x + F.linear(o.reshape(t, nq * d), self.o_weight)
+        x = x + lin(o.reshape(t, nq * d), self.o_weight)
         h = F.rms_norm(x, self.post_attention_layernorm.shape, self.post_attention_layernorm, self.eps)
-        gate, up = F.linear(h, self.gate_up_weight).chunk(2, dim=-1)  # [T, I] each
-        return x + F.linear(F.silu(gate) * up, self.down_weight)
+        gate, up = lin(h, self.gate_up_weight).chunk(2, dim=-1)  # [T, I] each
+        return x + lin(F.silu(gate) * up, self.down_weight)
 
 
 class DecoderModel(nn.Module):
@@ -83,6 +84,7 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(arch, backend, dtype) for _ in range(arch.num_layers))
         self.norm = _param((h,), dtype)
         self.lm_head = None if arch.tie_word_embeddings else _param((vocab, h), dtype)
+        self.int4_head: Int4Weight | None = None  # set by quantize_int4()
         # cos/sin are computed in fp32 and stored in the model dtype, as HF casts them to the input's
         self.rope = RotaryEmbedding(
             arch.head_dim,
@@ -109,7 +111,7 @@ class DecoderModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] (rows of `forward`'s output) -> float32 logits [N, V]."""
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        return F.linear(hidden, head).float()
+        return lin(hidden, self.int4_head if self.int4_head is not None else head).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face Llama-named tensors into the fused parameters (casting dtype/device).
@@ -161,6 +163,22 @@ class DecoderModel(nn.Module):
             t[f"{p}input_layernorm.weight"] = (layer.input_layernorm, None, None)
             t[f"{p}post_attention_layernorm.weight"] = (layer.post_attention_layernorm, None, None)
         return t
+
+    def quantize_int4(self) -> None:
+        """CPU decode speed: every projection and the LM head to weight-only int4 (bf16 activations).
+
+        Call after the weights are loaded, on a bf16 model. The embedding table stays dense (a step
+        reads one row of it per token); with tied embeddings the head gets its own int4 copy.
+        """
+        if self.embed_tokens.dtype != torch.bfloat16:
+            raise ValueError("int4 weights need a bfloat16 model (activations run in bf16)")
+        for layer in self.layers:
+            quantize_module_weights(layer, ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"))
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        self.int4_head = Int4Weight(head.data)
+        if self.lm_head is not None:
+            del self.lm_head
+            self.lm_head = None
 
     def init_random(self, seed: int = 0, std: float = 0.02) -> None:
         """Random weights (for "shape" models and benchmarks): N(0, std) matrices, unit norms."""

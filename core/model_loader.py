@@ -24,6 +24,7 @@ from .detokenizer import IncrementalDetokenizer
 from .model import DecoderModel, allocate_kv_cache, build_model
 from .model_arch import ModelArch
 from .model_runner import DecoderGraphAdapter, ModelRunner, Runner, SyntheticRunner
+from .quant_int4 import int4_supported
 from .request import Sequence
 from .sampler import Sampler
 from .scheduler import Scheduler
@@ -57,7 +58,15 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(name: str, device: torch.device, quantization: str = "none") -> torch.dtype:
+    if quantization == "int4":
+        if device.type != "cpu":
+            raise ConfigError("model.quantization", "int4 runs on the CPU only (model.device: cpu)")
+        if not int4_supported():
+            raise ConfigError("model.quantization", "this torch build has no CPU int4 kernel; use none")
+        if name not in ("auto", "bfloat16"):
+            raise ConfigError("model.dtype", f"int4 weights run with bfloat16 activations, not {name}")
+        return torch.bfloat16
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return _DTYPES[name]
@@ -96,7 +105,7 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
     device = resolve_device(cfg.model.device)
     if cfg.model.num_threads is not None:
         torch.set_num_threads(cfg.model.num_threads)
-    dtype = resolve_dtype(cfg.model.dtype, device)
+    dtype = resolve_dtype(cfg.model.dtype, device, cfg.model.quantization)
     kind, path = resolve_model(cfg)
     report("tokenizer", 0.0)
     tokenizer = load_tokenizer(kind, path)
@@ -223,6 +232,7 @@ def _load_model(
             arch, make_backend(cfg, arch, device, dtype), dtype, device, cfg.model.max_model_len
         )
         model.init_random(cfg.model.seed)
+        _maybe_quantize(cfg, model)
         return arch, model
     assert path is not None
     if kind == "gguf":
@@ -235,8 +245,15 @@ def _load_model(
         arch, weights = load_hf_folder(path, dtype)
     model = build_model(arch, make_backend(cfg, arch, device, dtype), dtype, device, cfg.model.max_model_len)
     model.load_weights(weights)
+    _maybe_quantize(cfg, model)
     report("weights", 0.8)
     return arch, model
+
+
+def _maybe_quantize(cfg: RilletConfig, model: DecoderModel) -> None:
+    if cfg.model.quantization == "int4":
+        model.quantize_int4()
+        log.info("weights quantized to int4 (group 32) for CPU decode")
 
 
 def _num_blocks(cfg: RilletConfig, arch: ModelArch, dtype: torch.dtype, device: torch.device) -> int:
