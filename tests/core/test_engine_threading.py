@@ -43,16 +43,29 @@ def test_abort_from_another_thread_frees_blocks_within_one_step(llm: LLM) -> Non
 
 
 def test_requests_added_from_many_threads_all_finish(llm: LLM) -> None:
-    params = SamplingParams(max_tokens=4, temperature=0.0)
-    results: list[str] = []
+    eng = llm.engine
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    ids = llm.tokenizer.encode("Count with me:")
 
-    def worker(i: int) -> None:
-        out = llm.generate([f"Number {i} is"], params)
-        results.append(out[0].outputs[0].text)
+    def producer(t: int) -> None:
+        for i in range(3):
+            eng.add_request(f"t{t}-{i}", ids, params)
 
-    # LLM.generate consumes the ring itself, so drive it from one thread and add aborts from others.
-    worker(0)
-    assert len(results) == 1 and llm.engine.core.blocks.num_used == 0
+    threads = [threading.Thread(target=producer, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    finished: dict[str, int] = {}
+    deadline = time.monotonic() + 60
+    while len(finished) < 12 and time.monotonic() < deadline:
+        for step in eng.ring.pop_all():
+            for d in step.deltas:
+                if d.finish_reason is not None:
+                    finished[d.request_id] = d.completion_tokens
+        time.sleep(0.005)
+    assert finished == {f"t{t}-{i}": 4 for t in range(4) for i in range(3)}
+    assert eng.wait_idle(5) and eng.stats().kv_blocks_used == 0
 
 
 def test_bad_requests_are_rejected_up_front(llm: LLM) -> None:
