@@ -97,6 +97,7 @@ def engine_samples(stats: Any, wakeups: int, active_streams: int) -> list[Sample
         ),
         ("rillet_prefix_cache_blocks", "Blocks held by the prefix cache", "gauge", stats.cached_blocks),
         ("rillet_engine_steps", "Engine steps run", "counter", stats.steps),
+        ("rillet_engine_busy_seconds", "Wall time spent in engine steps", "counter", stats.busy_seconds),
         ("rillet_ring_wakeups", "Engine -> event loop wake-ups", "counter", wakeups),
         ("rillet_active_streams", "Requests the front end is serving", "gauge", active_streams),
     ]

@@ -69,6 +69,7 @@ class FakeStats:
     cached_prompt_tokens: int
     generated_tokens: int
     cached_blocks: int
+    busy_seconds: float = 0.0
 
 
 @dataclass
