@@ -75,8 +75,8 @@ def resolve_dtype(name: str, device: torch.device, quantization: str = "none") -
 def resolve_model(cfg: RilletConfig) -> tuple[str, Path | None]:
     """-> (kind, path); validates the path up front with a message naming the key."""
     m = cfg.model
-    if m.kind == "shape":
-        return "shape", None
+    if m.kind == "shape":  # random weights; a given path is only the tokenizer's source
+        return "shape", Path(m.path).expanduser() if m.path else None
     path = Path(m.path).expanduser() if m.path else default_model_path()
     if not path.exists():
         raise ConfigError("model.path", f"{path} does not exist (a .gguf file or a Hugging Face folder)")
