@@ -1,0 +1,170 @@
+"""What bench/gpu_check.py runs with: the plan (sizes for the H200, or tiny ones for the CPU smoke
+test), the targets the parts are judged by, the engine config overrides, a part's result and table
+row, and the staging of the tokenizer for the GPU machine.
+
+Targets (issue 5): (b) <= 3.9 ms per token at batch 1 (floor ~3.40 ms), (c) >= 9,000 tok/s at
+batch 64 and ~1k context, (d) stream / non-stream >= 0.99. Correctness is judged on the CPU too;
+speed targets only on CUDA (the smoke run reports its numbers as INFO).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rillet.core.model_arch import ModelArch
+from rillet.core.shapes import SHAPES
+
+B_TARGET_MS = 3.9
+C_TARGET_TOK_S = 9000.0
+D_TARGET_RATIO = 0.99
+README_COPY_TB_S = 4.26  # ../shared/gpu/README.md, used only when this run's own measurement failed
+TIE_TOL = 0.1  # nats: a graphs-vs-eager divergence at a near-tie of eager's top tokens is tolerated
+LOGPROB_TOL = 0.25  # nats: chosen-token logprobs over the common prefix
+LOGITS_FLOOR = 1e-2  # relative error always accepted (bf16 operands land between 1e-3 and 1e-2)
+
+
+@dataclass
+class Part:
+    data: dict[str, Any]
+    rows: list[dict[str, Any]]
+    value: Any = None
+
+
+def row(
+    part: str, measured: str = "", target: str = "", ref: str = "", verdict: str = "INFO", note: str = ""
+) -> dict[str, Any]:
+    return {
+        "part": part,
+        "measured": measured,
+        "target": target,
+        "floor / ref": ref,
+        "verdict": verdict,
+        "note": note,
+    }
+
+
+def verdict(ok: bool, judged: bool = True) -> str:
+    return ("PASS" if ok else "FAIL") if judged else "INFO"
+
+
+@dataclass(frozen=True)
+class Plan:
+    device: str  # cuda | cpu
+    dtype: str  # engine dtype
+    attention: str  # flashinfer | torch (explicit: a silent fallback would measure the wrong thing)
+    big_shape: str
+    small_shape: str
+    big_arch: ModelArch  # the architectures compared with transformers
+    small_arch: ModelArch
+    big_buckets: tuple[int, ...]
+    small_buckets: tuple[int, ...]
+    max_num_seqs: int
+    big_blocks: int
+    small_blocks: int
+    max_model_len: int
+    bw_bytes: int
+    logit_prompt: int
+    logit_decode: int
+    greedy_lens: tuple[int, ...]
+    greedy_max_tokens: tuple[int, ...]
+    b_context: int
+    b_prompt: int
+    b_new: int
+    c_rows: int
+    c_context: int
+    c_new: int
+    iters: int
+    warmup: int
+    d_concurrency: tuple[int, ...]
+    d_runs: int
+    d_max_tokens: int
+    budget_s: float
+    grace_s: float
+    scale: float  # multiplies every part's expected seconds (0 on the CPU: nothing is skipped)
+    judged: bool = field(default=True)
+
+    def to_json(self) -> dict[str, Any]:
+        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+
+
+def make_plan(cpu_smoke: bool, budget_s: float | None) -> Plan:
+    if not cpu_smoke:
+        return Plan(
+            "cuda", "bfloat16", "flashinfer", "mistral-7b", "smollm2-135m",
+            SHAPES["mistral-7b"], SHAPES["smollm2-135m"],
+            big_buckets=(1, 2, 4, 8, 16, 32, 64), small_buckets=(2, 4),  # (2, 4): one compile
+            max_num_seqs=64, big_blocks=6144, small_blocks=512, max_model_len=4096,
+            bw_bytes=2 << 30, logit_prompt=128, logit_decode=8,
+            greedy_lens=(5, 40, 130, 300), greedy_max_tokens=(32, 24, 16, 8),  # batch 4, 3, 2, 1
+            b_context=256, b_prompt=128, b_new=128, c_rows=64, c_context=1024, c_new=64,
+            iters=30, warmup=5, d_concurrency=(1, 64), d_runs=3, d_max_tokens=128,
+            budget_s=budget_s or 320.0, grace_s=15.0, scale=1.0,
+        )  # fmt: skip
+    tiny = SHAPES["tiny"]
+    return Plan(
+        "cpu", "float32", "torch", "tiny", "tiny",
+        dataclasses.replace(tiny, architecture="mistral"),
+        dataclasses.replace(tiny, tie_word_embeddings=True),
+        big_buckets=(1, 2, 4, 8), small_buckets=(2, 4), max_num_seqs=8, big_blocks=256, small_blocks=128,
+        max_model_len=512, bw_bytes=16 << 20, logit_prompt=24, logit_decode=4,
+        greedy_lens=(5, 12, 20), greedy_max_tokens=(5, 3, 2), b_context=32, b_prompt=16, b_new=3,
+        c_rows=4, c_context=32, c_new=3, iters=3, warmup=1, d_concurrency=(1, 2), d_runs=1, d_max_tokens=4,
+        budget_s=budget_s or 120.0, grace_s=30.0, scale=0.0, judged=False,
+    )  # fmt: skip
+
+
+def overrides(
+    p: Plan, shape: str, graphs: bool, buckets: tuple[int, ...], blocks: int, compile_mode: str = "default"
+) -> list[str]:
+    return [
+        "model.kind=shape",
+        f"model.shape={shape}",
+        f"model.device={p.device}",
+        f"model.dtype={p.dtype}",
+        f"model.max_model_len={p.max_model_len}",
+        # quoted: YAML reads a bare on / off as a boolean
+        f"graphs.enabled='{'on' if graphs and p.device == 'cuda' else 'off'}'",
+        f"graphs.buckets=[{', '.join(map(str, buckets))}]",
+        f"graphs.compile_mode={compile_mode}",
+        f"attention.backend={p.attention}",
+        f"cache.num_blocks={blocks}",
+        f"scheduler.max_num_seqs={p.max_num_seqs}",
+    ]
+
+
+def free_memory(p: Plan) -> None:
+    gc.collect()
+    if p.device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+# ---- staging (runs here, on the CPU machine) ------------------------------------------------------
+
+
+def write_tokenizer_gguf(dst: Path) -> int:
+    """The default model's GGUF cut to its header and metadata (tokenizer, chat template), no tensors:
+    ~2 MB instead of 98 MB, so shape models can load their tokenizer on the GPU machine."""
+    import numpy as np
+    from rillet.core.default_model import default_model_path
+    from rillet.core.gguf_file import _Cursor
+
+    data = np.memmap(default_model_path(), dtype=np.uint8, mode="r").view(np.ndarray)
+    cur = _Cursor(data)
+    cur.pos = 4
+    version, _, n_kv = cur.scalar(4), cur.scalar(10), cur.scalar(10)
+    start = cur.pos
+    for _ in range(n_kv):
+        cur.string()
+        cur.value(cur.scalar(4))
+    blob = b"GGUF" + struct.pack("<IQQ", version, 0, n_kv) + bytes(data[start : cur.pos])
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(blob)
+    return len(blob)

@@ -1,0 +1,173 @@
+"""bench/gpu_check.py on the CPU, so the one GPU check cannot rot between GPU leases.
+
+The smoke run executes every part with tiny shapes (torch attention, no graphs): argument parsing,
+the HTTP client subprocess, JSON writing and the table printed last. The rest checks the pieces the
+GPU run depends on: FAIL / SKIP handling, the greedy and logits comparisons, the GPU plan's config
+overrides and sizes, and the tokenizer-only GGUF that replaces the default model there.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import gpu_check
+import gpu_plan
+from gpu_logits import logit_stats
+from gpu_parts import compare_greedy
+from rillet.core.config import load_config
+from rillet.core.llm import CompletionOutput
+from rillet.core.request import TokenLogprob
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict]:
+    out = tmp_path_factory.mktemp("gpu_check") / "gpu_check.json"
+    cmd = [sys.executable, str(BENCH / "gpu_check.py"), "--cpu-smoke", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+    return proc, json.loads(out.read_text())
+
+
+def test_smoke_runs_every_part_and_prints_the_table_last(smoke: tuple) -> None:
+    proc, data = smoke
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    names = [
+        "copy bandwidth",
+        "(a) logits 7B",
+        "(a) logits default",
+        "build 7B engine",
+        "(a) greedy 7B",
+        "(b) batch-1 decode",
+        "(c) batch-64 decode",
+        "(d) stream vs non-stream",
+        "(a) greedy default",
+    ]
+    assert list(data["parts"]) == names
+    assert all(p["status"] == "OK" for p in data["parts"].values()), data["parts"]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[1].split() == ["part", "measured", "target", "floor", "/", "ref", "verdict", "note"]
+    assert lines[-1].startswith("memory / time")
+    verdicts = {r["part"]: r["verdict"] for r in data["table"]}
+    for name in ("(a) logits 7B", "(a) logits default", "(a) greedy 7B", "(a) greedy default"):
+        assert verdicts[name] == "PASS"
+    assert "FAIL" not in verdicts.values()
+
+
+def test_smoke_numbers_are_complete(smoke: tuple) -> None:
+    parts = smoke[1]["parts"]
+    assert parts["(a) greedy 7B"]["exact"] == len(gpu_plan.make_plan(True, None).greedy_lens)
+    for level in parts["(d) stream vs non-stream"]["levels"]:
+        tokens = level["tokens"]
+        assert tokens["stream"] == tokens["nonstream"] == tokens["expected_each"] and level["errors"] == 0
+    b = parts["(b) batch-1 decode"]
+    assert b["step"]["step_ms"] > 0 and b["engine"]["decoded"] == b["engine"]["new_tokens"]
+    c = parts["(c) batch-64 decode"]
+    assert c["engine"]["decoded"] == c["engine"]["rows"] * c["engine"]["new_tokens"]
+    assert c["step"]["bytes_per_step"] > b["step"]["bytes_per_step"]  # more rows, more KV
+
+
+def _results(tmp_path: Path, budget_s: float) -> gpu_check.Results:
+    return gpu_check.Results(tmp_path / "r.json", gpu_plan.make_plan(True, budget_s))
+
+
+def test_a_failing_part_is_marked_and_the_next_still_runs(tmp_path: Path) -> None:
+    res = _results(tmp_path, 60)
+
+    def boom() -> gpu_plan.Part:
+        raise RuntimeError("no kernel for you")
+
+    assert gpu_check.run_part(res, "broken", 0, boom) is None
+    ok = gpu_check.run_part(res, "fine", 0, lambda: gpu_plan.Part({"x": 1}, [gpu_plan.row("fine", "1")], 7))
+    assert ok == 7
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert (
+        data["parts"]["broken"]["status"] == "FAIL"
+        and "no kernel for you" in data["parts"]["broken"]["error"]
+    )
+    assert data["parts"]["fine"]["x"] == 1
+    assert [r["verdict"] for r in res.rows] == ["FAIL", "INFO"]
+    assert "no kernel for you" in res.report()
+
+
+def test_a_part_the_budget_cannot_fit_is_skipped(tmp_path: Path) -> None:
+    res = _results(tmp_path, 10)
+    assert gpu_check.run_part(res, "slow", 30, lambda: pytest.fail("must not start")) is None
+    assert res.parts["slow"]["status"] == "SKIP" and res.rows[0]["verdict"] == "SKIP"
+
+
+def test_only_runs_the_selected_parts(tmp_path: Path) -> None:
+    res = _results(tmp_path, 60)
+    gpu_check.run_all(res, {"bw"})
+    assert list(res.parts) == ["copy bandwidth"] and res.parts["copy bandwidth"]["tb_s"] > 0
+
+
+def _out(tokens: list[int], lps: list[float], tops: list[list[tuple[int, float]]]) -> CompletionOutput:
+    lp = [TokenLogprob(t, v, top) for t, v, top in zip(tokens, lps, tops, strict=True)]
+    return CompletionOutput(0, token_ids=tokens, logprobs=lp)
+
+
+def test_compare_greedy_tells_ties_from_mismatches() -> None:
+    top = [[(5, -1.0), (6, -1.05)], [(7, -0.5), (8, -3.0)], [(9, -0.2)]]
+    eager = _out([5, 7, 9], [-1.0, -0.5, -0.2], top)
+    same = _out([5, 7, 9], [-1.01, -0.52, -0.2], top)
+    tie = _out([6, 1, 1], [-1.05, -1.0, -1.0], top)  # 6 was 0.05 nats behind eager's 5
+    wrong = _out([5, 8, 1], [-1.0, -3.0, -1.0], top)  # 8 was 2.5 nats behind
+    r = compare_greedy([eager, eager, eager], [same, tie, wrong], tie_tol=0.1, lp_tol=0.25)
+    assert (r["exact"], r["tie"], r["mismatch"], r["ok"]) == (1, 1, 1, False)
+    assert r["details"][2]["step"] == 1 and r["max_dlogprob"] == pytest.approx(0.02)
+    assert compare_greedy([eager, eager], [same, tie], 0.1, 0.25)["ok"]
+    assert not compare_greedy([eager], [same], 0.1, 0.001)["ok"]  # logprobs drifted
+    failed = CompletionOutput(0, error="model step failed")
+    assert compare_greedy([eager], [failed], 0.1, 0.25)["error"] == 1
+
+
+def test_logit_stats_sees_a_wrong_model() -> None:
+    ref = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
+    close = logit_stats(ref + 1e-3 * torch.randn_like(ref), ref)
+    assert close["rel_err"] < 1e-2 and close["top1_agree"] == 1.0 and close["finite"]
+    assert logit_stats(torch.randn_like(ref), ref)["rel_err"] > 0.5
+    assert not logit_stats(ref.clone().fill_(float("nan")), ref)["finite"]
+
+
+def test_gpu_plan_overrides_are_valid_config() -> None:
+    p = gpu_plan.make_plan(False, None)
+    cfg = load_config(None, gpu_plan.overrides(p, p.big_shape, True, p.big_buckets, p.big_blocks))
+    assert (cfg.graphs.enabled, cfg.graphs.buckets, cfg.attention.backend) == (
+        "on",
+        p.big_buckets,
+        "flashinfer",
+    )
+    assert (cfg.model.device, cfg.model.dtype, cfg.scheduler.max_num_seqs) == ("cuda", "bfloat16", 64)
+    eager = load_config(None, gpu_plan.overrides(p, p.small_shape, False, p.small_buckets, 512, "none"))
+    assert (eager.graphs.enabled, eager.graphs.compile_mode) == ("off", "none")
+
+
+def test_gpu_plan_sizes_fit() -> None:
+    p = gpu_plan.make_plan(False, None)
+    assert p.big_arch.hidden_size == 4096 and p.big_arch.architecture == "mistral"
+    assert p.c_rows == 64 and 1000 <= p.c_context <= 1100 and p.d_concurrency == (1, 64)
+    per_seq = -(-(p.c_context + p.c_new) // 16)
+    assert 1 + p.c_rows * per_seq < p.big_blocks  # microbenchmark and engine run of (c) fit the pool
+    assert p.c_context + p.c_new < p.max_model_len and max(p.greedy_lens) + 64 < p.max_model_len
+    assert p.budget_s + p.grace_s <= 345  # with install.sh, the whole run stays under 6 minutes
+
+
+def test_tokenizer_only_gguf_matches_the_default_model(tmp_path: Path) -> None:
+    from rillet.core.default_model import default_model_path
+    from rillet.core.tokenizer import Tokenizer
+
+    path = tmp_path / "tok.gguf"
+    size = gpu_plan.write_tokenizer_gguf(path)
+    assert size == path.stat().st_size < 3 << 20
+    small, full = Tokenizer.from_gguf(path), Tokenizer.from_gguf(default_model_path())
+    text = "Hello, world! <|im_end|> ünïcödé 12345"
+    assert small.encode(text) == full.encode(text)
+    assert small.chat_template == full.chat_template and small.eos_token_ids == full.eos_token_ids
