@@ -3,7 +3,7 @@
 Same model (the default SmolLM2-135M GGUF, fp32), same prompts, same machine, greedy, a fixed
 number of new tokens (EOS ignored). Batch 1 and a batch of 16. Prints a table last, writes JSON.
 
-    .venv/bin/python bench/offline_throughput.py [--tokens 64] [--batch 1 16] [--out bench/out/offline.json]
+    .venv/bin/python bench/offline_throughput.py [--tokens 64] [--batch 1 16] [--set model.quantization=int4]
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from rillet.core.sampling_params import SamplingParams
 PROMPTS = [f"Write a short story number {i} about a robot who learns to paint." for i in range(64)]
 
 
-def bench_rillet(batch: int, tokens: int) -> float:
-    cfg = config_from_dict({"model": {"dtype": "float32", "device": "cpu"}, "cache": {"num_blocks": 1024}})
+def bench_rillet(batch: int, tokens: int, overrides: list[str]) -> float:
+    cfg = config_from_dict({"model": {"device": "cpu"}, "cache": {"num_blocks": 1024}}, overrides)
     with LLM(cfg) as llm:
         params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
         llm.generate(PROMPTS[:batch], params)  # warm-up
@@ -72,18 +72,21 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument(
+        "--set", action="append", default=[], help="rillet config override, e.g. model.quantization=int4"
+    )
     ap.add_argument("--out", default="bench/out/offline_throughput.json")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     rows = []
     for b in a.batch:
-        r = bench_rillet(b, a.tokens)
+        r = bench_rillet(b, a.tokens, a.set)
         h = None if a.skip_hf else bench_hf(b, a.tokens)
         rows.append({"batch": b, "rillet_tok_s": r, "hf_tok_s": h, "speedup": (r / h) if h else None})
     rss = peak_rss_mib()
     for row in rows:
         row["peak_rss_mib"] = rss
-    write_json(a.out, {"tokens": a.tokens, "threads": a.threads, "rows": rows})
+    write_json(a.out, {"tokens": a.tokens, "threads": a.threads, "overrides": a.set, "rows": rows})
     print(table(rows, ["batch", "rillet_tok_s", "hf_tok_s", "speedup", "peak_rss_mib"]))
 
 
