@@ -78,6 +78,7 @@ async def _read_stream(
 ) -> RequestResult:
     res = RequestResult(True)
     last = None
+    counted = 0
     buf = b""
     async for chunk in resp.content.iter_any():
         now = time.perf_counter()
@@ -96,12 +97,15 @@ async def _read_stream(
             if not text:
                 continue
             k = max(1, count_tokens(text)) if count_tokens else 1
+            counted += k
             if last is None:
                 res.ttft = now - t0
             else:
                 res.itl.extend([(now - last) / k] * k)
             last = now
     res.latency = time.perf_counter() - t0
+    if not res.tokens:  # no usage chunk (a server without include_usage): count what arrived
+        res.tokens = counted
     return res
 
 

@@ -98,7 +98,7 @@ def one_request(client: openai.OpenAI, model: str, stream: bool, max_tokens: int
         answer = client.chat.completions.create(**common)
         assert answer.usage is not None
         return answer.usage.completion_tokens, 0, time.perf_counter() - t0
-    tokens = chunks = 0
+    tokens = chunks = content_chunks = 0
     ttft = 0.0
     for chunk in client.chat.completions.create(
         **common, stream=True, stream_options={"include_usage": True}
@@ -106,9 +106,13 @@ def one_request(client: openai.OpenAI, model: str, stream: bool, max_tokens: int
         chunks += 1
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
-        elif not ttft and chunk.choices and chunk.choices[0].delta.content:
-            ttft = time.perf_counter() - t0
-    return tokens, chunks, ttft
+        elif chunk.choices and chunk.choices[0].delta.content:
+            content_chunks += 1
+            if not ttft:
+                ttft = time.perf_counter() - t0
+    # A server without include_usage support (llama-cpp-python): count content chunks, as the
+    # seed issue's script did (one token per chunk there).
+    return tokens or content_chunks, chunks, ttft
 
 
 def run_batch(clients: list[openai.OpenAI], model: str, stream: bool, max_tokens: int) -> Batch:
