@@ -2,7 +2,8 @@
 scheduler, ring, dispatcher, SSE and JSON, at 1, 64 and 256 concurrent streams.
 
 Per level, streaming and not: delivered tok/s (tokens the clients received, from usage, over the
-client wall time) against the engine's rate (steps/s while the engine was busy x active streams).
+client wall time) against the engine's rate (tokens it generated per second of engine busy time,
+i.e. steps/s x active streams).
 If the front end falls behind, the engine's ring fills or delivery lags the engine, and the ratio
 drops below 1.
 
@@ -24,20 +25,23 @@ from loadgen import run_level
 from server_proc import RilletServer
 
 
-def counters(srv: RilletServer) -> tuple[float, float]:
+def counters(srv: RilletServer) -> tuple[float, float, float]:
     steps = srv.metric("rillet_engine_steps_total") or srv.metric("rillet_engine_steps") or 0.0
     busy = srv.metric("rillet_engine_busy_seconds_total") or srv.metric("rillet_engine_busy_seconds") or 0.0
-    return steps, busy
+    tokens = srv.metric("rillet_generation_tokens_total") or 0.0
+    return steps, busy, tokens
 
 
 def level(srv: RilletServer, streams: int, tokens: int, stream: bool) -> dict[str, Any]:
-    s0, b0 = counters(srv)
+    s0, b0, k0 = counters(srv)
     t0 = time.perf_counter()
     res = asyncio.run(run_level(srv.base_url, "synthetic", streams, streams, tokens, stream))
     wall = time.perf_counter() - t0
-    s1, b1 = counters(srv)
+    s1, b1, k1 = counters(srv)
     steps, busy = s1 - s0, b1 - b0
-    engine_rate = steps / busy * streams if busy > 0 else 0.0
+    # The engine's rate: tokens it produced per second of its own busy time (steps/s x the streams
+    # actually active in those steps, ramp-up included).
+    engine_rate = (k1 - k0) / busy if busy > 0 else 0.0
     delivered = res.tokens / res.wall_s if res.wall_s > 0 else 0.0
     return {
         "streams": streams,
