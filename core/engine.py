@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -26,6 +27,16 @@ from .ring import RingClosed, SpscRing
 from .sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
+
+
+# Test-only: kill the engine thread after this many steps, to test what a crash does to a server
+# process from the outside (tests/reliability). Never set in production.
+_TEST_DIE_ENV = "RILLET_TEST_ENGINE_DIE_AFTER_STEPS"
+
+
+def _test_death_step() -> int | None:
+    value = os.environ.get(_TEST_DIE_ENV)
+    return int(value) if value else None
 
 
 class QueueFullError(Exception):
@@ -188,8 +199,11 @@ class Engine:
 
     # ---- the engine thread ---------------------------------------------------------------------
     def _run(self) -> None:
+        die_at = _test_death_step()
         try:
             while not self._stop:
+                if die_at is not None and self.core.steps >= die_at:
+                    raise RuntimeError(f"test-only engine death ({_TEST_DIE_ENV}={die_at})")
                 aborted = self._drain_inbox()
                 if not self.core.has_work() and not aborted:
                     self._wake.wait(0.1)
@@ -219,8 +233,13 @@ class Engine:
             if isinstance(item, str):
                 deltas.extend(self.core.abort(item))
             else:
-                self.core.add(item)
-                self._taken += 1
+                try:
+                    self.core.add(item)
+                except Exception as exc:  # one bad request must not take the engine down
+                    log.exception("request %s could not be added", item[0].request_id)
+                    deltas.extend(self.core.reject(item, f"{type(exc).__name__}: {exc}"))
+                finally:
+                    self._taken += 1
         return StepOutput(self.core.steps, deltas) if deltas else None
 
     def _fail_everything(self) -> None:

@@ -52,10 +52,22 @@ class EngineCore:
 
     # ---- requests ----------------------------------------------------------------------------
     def add(self, seqs: list[Sequence]) -> None:
+        # Detokenizers first: if one cannot be built, nothing of the request is registered yet.
+        detoks = [self.make_detokenizer(seq) for seq in seqs]
         self.seqs[seqs[0].request_id] = seqs
-        for seq in seqs:
-            self._detok[seq.seq_id] = self.make_detokenizer(seq)
+        for seq, detok in zip(seqs, detoks, strict=True):
+            self._detok[seq.seq_id] = detok
             self.scheduler.add(seq)
+
+    def reject(self, seqs: list[Sequence], error: str) -> list[SeqDelta]:
+        """A request `add` raised for: it never entered the scheduler; tell its client."""
+        self.seqs.pop(seqs[0].request_id, None)
+        deltas = []
+        for seq in seqs:
+            self._detok.pop(seq.seq_id, None)
+            seq.status, seq.finish_reason, seq.error = SeqStatus.FINISHED, FinishReason.ERROR, error
+            deltas.append(self._delta(seq, _Pending([], "", None)))
+        return deltas
 
     def abort(
         self, request_id: str, reason: FinishReason = FinishReason.ABORT, error: str | None = None

@@ -25,7 +25,7 @@ def _message(msg: Any, where: str) -> dict[str, str]:
     role = msg.get("role")
     if role in ("tool", "function") or msg.get("tool_calls") or msg.get("function_call"):
         raise unsupported(f"{where}.role", "(tool and function calls) is not supported")
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:  # a list or object role is unhashable
         allowed = ", ".join(sorted(_ROLES))
         raise bad_request(f"'{where}.role' must be one of {allowed}, got {role!r}", param=f"{where}.role")
     content = msg.get("content")

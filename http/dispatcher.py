@@ -16,9 +16,10 @@ import time
 from collections.abc import Callable
 
 from rillet.core.outputs import StepOutput
+from rillet.core.request import FinishReason
 from rillet.core.ring import SpscRing
 
-from .errors import ApiError
+from .errors import ApiError, engine_dead
 from .metrics import Metrics
 from .stream_state import RequestStream
 
@@ -32,9 +33,13 @@ class Dispatcher:
         abort: Callable[[str], None],
         max_buffered_tokens: int,
         metrics: Metrics | None = None,
+        healthy: Callable[[], bool] | None = None,
     ) -> None:
         self._ring = ring
         self._abort = abort
+        # After an engine crash its last deltas fail every live request with ERROR: the client
+        # should hear "engine dead" (503), not "your request failed" (500).
+        self._healthy = healthy
         self._max_buffered = max_buffered_tokens
         self._metrics = metrics
         # engine request id -> (its request's stream, index of its first choice in that stream)
@@ -105,6 +110,10 @@ class Dispatcher:
                     tokens += k
                     if metrics is not None:
                         metrics.token_times(stream, now, k)
+                if d.finish_reason is FinishReason.ERROR and self._engine_dead():
+                    stream.fail(engine_dead(d.error))
+                    routes.pop(d.request_id, None)
+                    continue
                 stream.push(d)
                 if stream.pending_tokens > self._max_buffered:
                     self._cut_off(stream)
@@ -112,6 +121,9 @@ class Dispatcher:
                     routes.pop(d.request_id, None)
         if metrics is not None and tokens:
             metrics.generation_tokens.inc(tokens)
+
+    def _engine_dead(self) -> bool:
+        return self._healthy is not None and not self._healthy()
 
     def _cut_off(self, stream: RequestStream) -> None:
         log.warning(
@@ -131,6 +143,8 @@ class Dispatcher:
         for engine_id in stream.engine_ids:
             self._routes.pop(engine_id, None)
             self._abort(engine_id)
+        if stream.on_cut is not None:
+            stream.on_cut()
 
     async def watch(
         self, healthy: Callable[[], bool], why: Callable[[], str | None], interval: float
@@ -140,11 +154,4 @@ class Dispatcher:
             await asyncio.sleep(interval)
         self.route(self._ring.pop_all())
         await asyncio.sleep(0)
-        self.fail_all(
-            ApiError(
-                503,
-                f"the inference engine stopped: {why() or 'unknown error'}",
-                type="service_unavailable_error",
-                code="dead",
-            )
-        )
+        self.fail_all(engine_dead(why()))

@@ -98,8 +98,36 @@ def internal_error() -> ApiError:
     )
 
 
+def headers_too_large(size: int, limit: int) -> ApiError:
+    return ApiError(
+        431,
+        f"Request headers are too large ({size} bytes; limit: {limit})",
+        code="request_header_fields_too_large",
+    )
+
+
+def engine_dead(detail: str | None) -> ApiError:
+    return ApiError(
+        503,
+        f"the inference engine stopped: {detail or 'unknown error'}",
+        type="service_unavailable_error",
+        code="dead",
+    )
+
+
+# The error core/engine_core.py gives a request whose `server.request_timeout_s` ran out.
+DEADLINE_ERROR = "request deadline exceeded"
+
+
 def finish_failure(reason: FinishReason | None, error: str | None) -> ApiError | None:
     """An ERROR / ABORT end the client should hear about (its own disconnects never get that far)."""
+    if reason is FinishReason.ERROR and error == DEADLINE_ERROR:
+        return ApiError(
+            504,
+            "the request did not finish within the server's time limit (server.request_timeout_s)",
+            type="timeout_error",
+            code="deadline_exceeded",
+        )
     if reason is FinishReason.ERROR:
         return ApiError(
             500,

@@ -29,13 +29,14 @@ def _json(obj: Any, status: int = 200) -> web.Response:
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:
+    limit = request.app[STATE].cfg.server.max_body_bytes
+    # A declared length over the limit is refused before reading (or waiting for) any of it.
+    if (request.content_length or 0) > limit:
+        raise _too_large(limit)
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
-        limit = request.app[STATE].cfg.server.max_body_bytes
-        raise ApiError(
-            413, f"Request body is too large (limit: {limit} bytes)", code="request_too_large"
-        ) from exc
+        raise _too_large(limit) from exc
     if not raw:
         raise bad_request("the request body is empty; expected a JSON object", code="invalid_json")
     try:
@@ -45,6 +46,10 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object", code="invalid_json")
     return body
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"Request body is too large (limit: {limit} bytes)", code="request_too_large")
 
 
 async def _generate(request: web.Request, parser: Parser) -> web.StreamResponse:

@@ -59,6 +59,9 @@ class Limits:
     default_max_tokens: int
     max_n: int
     vocab_size: int | None = None
+    # Completions may batch prompts (one engine request each); more than the waiting queue holds
+    # could never be admitted, so that is a 400, not an endless 429.
+    max_prompts: int = 1024
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,13 @@ def parse_completion(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
         raise unsupported(
             "echo", "together with 'logprobs' is not supported: prompt logprobs are not computed"
         )
-    prompts, texts = _completion_prompts(body.get("prompt"), tokenizer, limits.vocab_size)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) > limits.max_prompts and not is_int(prompt[0]):
+        raise bad_request(
+            f"'prompt' holds {len(prompt)} prompts; at most {limits.max_prompts} per request",
+            param="prompt",
+        )
+    prompts, texts = _completion_prompts(prompt, tokenizer, limits.vocab_size)
     if echo:
         texts = [t if t is not None else tokenizer.decode(ids) for ids, t in zip(prompts, texts, strict=True)]
     echo_texts = [t or "" for t in texts] if echo else None

@@ -4,7 +4,9 @@ Order matters for operators: the port is bound first (503 "starting" while the m
 health checks see a live process), the engine is built on a daemon thread (a signal during a
 long load still ends the process), and SIGTERM/SIGINT drain: new requests get 503, in-flight ones
 run to their end within `server.drain_timeout_s`, then the process exits 0. A second signal exits
-at once.
+at once. If the engine thread dies, open requests get their error, and the process exits 1 rather
+than linger as a server that can only answer 503 (a supervisor restarts it). A bad model path is a
+config error: exit 2 with the message, like any other bad config value.
 """
 
 from __future__ import annotations
@@ -18,16 +20,22 @@ import sys
 import threading
 from typing import Any
 
-from rillet.core.config import RilletConfig
+from rillet.core.config import ConfigError, RilletConfig
 
 from .engine_api import EngineLike
 from .errors import unavailable
+from .model_path import check_model_path
 from .progress import ProgressBar
 from .server import HttpServer
 from .state import ServerState
 from .summary import ready_banner
 
 log = logging.getLogger("rillet.serve")
+
+EXIT_ENGINE_FAILED = 1
+EXIT_CONFIG = 2
+# After an engine crash: time for the error events of open requests to reach their clients.
+_DEATH_FLUSH_S = 5.0
 
 
 def _load_engine(cfg: RilletConfig, bar: ProgressBar, release: threading.Event) -> asyncio.Future[Any]:
@@ -94,6 +102,11 @@ async def drain(state: ServerState, timeout: float) -> None:
 
 
 async def serve(cfg: RilletConfig) -> int:
+    try:
+        check_model_path(cfg)
+    except ConfigError as bad:
+        sys.stderr.write(f"rillet: error: {bad}\n")
+        return EXIT_CONFIG
     state = ServerState(cfg)
     server = HttpServer(state)
     port = await server.start(cfg.server.host, cfg.server.port)
@@ -110,19 +123,33 @@ async def serve(cfg: RilletConfig) -> int:
         log.info("stopped while loading")
         await server.stop()
         return 0
-    if loading.exception() is not None:
-        exc = loading.exception()
-        log.error("could not load the model: %s: %s", type(exc).__name__, exc)
+    exc = loading.exception()
+    if exc is not None:
         await server.stop()
-        return 1
+        if isinstance(exc, ConfigError):  # e.g. model.path missing or of the wrong kind
+            sys.stderr.write(f"rillet: error: {exc}\n")
+            return EXIT_CONFIG
+        log.error("could not load the model: %s: %s", type(exc).__name__, exc)
+        return EXIT_ENGINE_FAILED
     engine: EngineLike = loading.result()
     engine.start()
     state.attach(engine)
     log.info("%s", ready_banner(cfg, engine, cfg.server.host, port))
-    await stopping
-    await drain(state, cfg.server.drain_timeout_s)
+    died = asyncio.ensure_future(state.died.wait())
+    await asyncio.wait([stopping, died], return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if state.died.is_set():
+        log.error("exiting: the engine thread died (%s)", engine.error)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(state.idle.wait(), _DEATH_FLUSH_S)
+        code = EXIT_ENGINE_FAILED
+    else:
+        died.cancel()
+        await drain(state, cfg.server.drain_timeout_s)
+        if state.died.is_set():  # died while draining
+            code = EXIT_ENGINE_FAILED
     await server.stop()
     engine.shutdown()
     release.set()
     log.info("stopped")
-    return 0
+    return code

@@ -10,9 +10,10 @@ import asyncio
 import logging
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
-from .errors import ApiError, from_http_exception, internal_error
+from .errors import ApiError, from_http_exception, headers_too_large, internal_error
 from .handlers import STATE, chat_completions, completions, get_model, health, list_models, metrics
 from .state import ServerState
 
@@ -26,6 +27,7 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
     endpoint = resource.canonical if resource is not None else "unmatched"
     status = 500
     try:
+        _check_header_size(request, state.cfg.server.max_header_bytes)
         state.keys.check(request.path, request.headers.get("Authorization"))
         resp = await handler(request)
         status = resp.status
@@ -45,6 +47,25 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
         return internal_error().response()
     finally:
         state.metrics.requests.labels(endpoint, str(status)).inc()
+
+
+def _check_header_size(request: web.Request, limit: int) -> None:
+    """`server.max_header_bytes` bounds all headers together; aiohttp's parser bounds each line."""
+    size = sum(len(k) + len(v) + 4 for k, v in request.raw_headers)  # "k: v\r\n"
+    if size > limit:
+        raise headers_too_large(size, limit)
+
+
+class _ProtocolLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp logs each malformed request (header too long, bad request line) at ERROR with a
+    traceback: a log flood any client can cause. Those are the client's fault, logged as one line at
+    DEBUG; anything else keeps its traceback."""
+
+    def exception(self, msg: object, *args: object, exc_info: object = True, **kwargs: object) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            self.logger.debug("%s: %s", str(msg) % args if args else msg, exc_info)
+        else:
+            self.logger.exception(msg, *args, exc_info=exc_info, **kwargs)  # type: ignore[arg-type]
 
 
 def build_app(state: ServerState) -> web.Application:
@@ -78,6 +99,7 @@ class HttpServer:
             access_log=access_log,
             max_line_size=srv.max_header_bytes,
             max_field_size=srv.max_header_bytes,
+            logger=_ProtocolLog(logging.getLogger("aiohttp.server"), {}),
             shutdown_timeout=1.0,
         )
         await self._runner.setup()

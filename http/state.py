@@ -46,6 +46,7 @@ class ServerState:
         self.inflight = 0  # API requests being handled (parsing included); draining waits for 0
         self.idle = asyncio.Event()  # set whenever inflight == 0
         self.idle.set()
+        self.died = asyncio.Event()  # set once the engine thread is found dead
         self._tasks: list[asyncio.Task[None]] = []
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -61,10 +62,17 @@ class ServerState:
             default_max_tokens=cfg.server.default_max_tokens,
             max_n=cfg.server.max_n,
             vocab_size=vocab_size(engine.tokenizer),
+            max_prompts=cfg.scheduler.max_waiting,
         )
         self.queue_full_error = engine_exception(engine, "QueueFullError")
         self.engine_dead_error = engine_exception(engine, "EngineDeadError")
-        disp = Dispatcher(engine.ring, engine.abort, cfg.stream.max_buffered_tokens, self.metrics)
+        disp = Dispatcher(
+            engine.ring,
+            engine.abort,
+            cfg.stream.max_buffered_tokens,
+            self.metrics,
+            healthy=lambda: engine.healthy,
+        )
         disp.attach(asyncio.get_running_loop())
         self.dispatcher = disp
         self._tasks = [
@@ -88,6 +96,7 @@ class ServerState:
         await disp.watch(lambda: engine.healthy, lambda: engine.error, _WATCH_INTERVAL_S)
         log.error("engine died: %s; serving 503 from now on", engine.error)
         self.phase = "dead"
+        self.died.set()
 
     def ready_engine(self) -> EngineLike:
         """The engine, or a 503 naming the phase."""

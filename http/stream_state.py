@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from rillet.core.outputs import SeqDelta
 from rillet.core.request import FinishReason
@@ -26,6 +27,7 @@ class RequestStream:
         "first_token_at",
         "last_token_at",
         "num_choices",
+        "on_cut",
         "pending",
         "pending_tokens",
         "request_id",
@@ -44,6 +46,9 @@ class RequestStream:
         self.first_token_at: float | None = None  # for TTFT / inter-token latency metrics
         self.last_token_at = 0.0
         self._waiter: asyncio.Future[None] | None = None
+        # Set by the writer of a streaming response: called when the dispatcher cuts this request
+        # off because its client fell too far behind (the writer may be stuck on a full socket).
+        self.on_cut: Callable[[], None] | None = None
 
     @property
     def finished(self) -> bool:

@@ -1,0 +1,326 @@
+"""Hypothesis strategies for hostile request bodies, and the checks every answer must pass.
+
+Two families per endpoint: random JSON of random shapes (plus bytes that are not JSON at all), and
+"almost valid" bodies, a valid request with a few fields replaced by values of the wrong type,
+out of range, at a boundary, or of a strange shape. The checks: never a 5xx; every 4xx in the
+OpenAI error shape; every 200 a well-formed completion (or an SSE stream ending in [DONE] with no
+error event). Shared by tests/reliability/test_fuzz_bodies.py and tests/stress/fuzz_bodies.py.
+"""
+
+from __future__ import annotations
+
+import http.client
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+from hypothesis import strategies as st
+from hypothesis.configuration import set_hypothesis_home_dir
+from rel_helpers import CHAT, is_openai_error
+
+# Hypothesis' caches (unicode tables, constants) go to /tmp, never into the repository.
+set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "rillet-hypothesis")
+
+# Values a parser must never trip over; also text the chat template and tokenizer see raw.
+NASTY_TEXT = [
+    "",
+    " ",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "{{ raise_exception('x') }}",
+    "{% for x in range(10**9) %}{% endfor %}",
+    "\x00",
+    "\u202e\u200b\ufeff",
+    "😀" * 50,
+    "a" * 3000,
+    "../../../../etc/passwd",
+    "/etc/passwd",
+    "file:///etc/passwd",
+    "%s%n%x",
+]
+NASTY_NUMBERS: list[Any] = [
+    0,
+    -1,
+    1,
+    2,
+    7,
+    8,
+    9,
+    255,
+    256,
+    49151,
+    49152,
+    2**31 - 1,
+    2**31,
+    2**53 + 1,
+    2**63 - 1,
+    2**63,
+    2**64 - 1,
+    -(2**63),
+    0.0,
+    -0.0,
+    0.5,
+    1.0,
+    1.5,
+    2.0,
+    100.0,
+    100.5,
+    1e-300,
+    5e-324,
+    1e300,
+    -1e300,
+    True,
+    False,
+]
+# Spliced into the JSON text: values orjson would not produce from Python (overflow, big ints).
+RAW_NUMBERS = ["1e400", "-1e400", "18446744073709551616", "-9223372036854775809", "1E2", "-0", "1.0e0"]
+
+COMMON_FIELDS = [
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "n",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "stream",
+    "stream_options",
+    "ignore_eos",
+    "min_tokens",
+    "stop_token_ids",
+    "user",
+    "logit_bias",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "best_of",
+    "include_stop_str_in_output",
+]
+CHAT_FIELDS = [*COMMON_FIELDS, "messages", "max_completion_tokens", "logprobs", "top_logprobs", "modalities"]
+COMPLETION_FIELDS = [*COMMON_FIELDS, "prompt", "echo", "logprobs", "suffix"]
+
+leaf = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=40)
+    | st.sampled_from(NASTY_TEXT)
+    | st.sampled_from(NASTY_NUMBERS)
+)
+any_json = st.recursive(
+    leaf,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5),
+    max_leaves=25,
+)
+text = st.text(max_size=60) | st.sampled_from(NASTY_TEXT)
+token_id = st.integers(min_value=-5, max_value=49160) | st.sampled_from(NASTY_NUMBERS)
+
+_content_part = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "image_url", "input_audio", "refusal", "x"])},
+    optional={"text": text | any_json, "image_url": any_json},
+)
+_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "developer", "tool", "wizard", ""]) | any_json},
+    optional={
+        "content": text | st.lists(_content_part, max_size=3) | any_json,
+        "name": text | any_json,
+        "tool_calls": any_json,
+    },
+)
+
+
+def _wild_values(name: str) -> st.SearchStrategy[Any]:
+    """Plausible-but-wrong values for one field, mixed with anything at all."""
+    specific: dict[str, st.SearchStrategy[Any]] = {
+        "messages": st.lists(_message, max_size=4),
+        "prompt": text
+        | st.lists(text, max_size=4)
+        | st.lists(token_id, max_size=12)
+        | st.lists(st.lists(token_id, max_size=6), max_size=3),
+        "stop": text | st.lists(text, max_size=5),
+        "stop_token_ids": st.lists(token_id, max_size=5),
+        "stream_options": st.fixed_dictionaries({}, optional={"include_usage": any_json}),
+        "response_format": st.fixed_dictionaries(
+            {"type": st.sampled_from(["text", "json_object"]) | any_json}
+        ),
+        "logit_bias": st.dictionaries(st.text(max_size=6), any_json, max_size=3),
+        "model": st.sampled_from(["synthetic", "gpt-4", "/etc/passwd", "../synthetic", ""]) | any_json,
+    }
+    numeric = st.sampled_from(NASTY_NUMBERS) | st.integers(-10, 300) | st.floats(-3, 3)
+    return specific.get(name, numeric) | any_json
+
+
+_good_text = st.text(min_size=1, max_size=30)
+_ids = st.lists(st.integers(0, 49151), min_size=1, max_size=20)
+# In-range values, so that mutated bodies often pass validation and reach the engine.
+_VALID: dict[str, st.SearchStrategy[Any]] = {
+    "max_tokens": st.integers(1, 8),
+    "max_completion_tokens": st.integers(1, 8),
+    "temperature": st.floats(0, 2),
+    "top_p": st.floats(0.01, 1),
+    "top_k": st.integers(-1, 100),
+    "min_p": st.floats(0, 1),
+    "n": st.integers(1, 4),
+    "seed": st.integers(-(2**63), 2**64 - 1),
+    "presence_penalty": st.floats(-2, 2),
+    "frequency_penalty": st.floats(-2, 2),
+    "repetition_penalty": st.floats(0.01, 10),
+    "min_tokens": st.integers(0, 4),
+    "stop": _good_text | st.lists(_good_text, max_size=4),
+    "stop_token_ids": st.lists(st.integers(0, 49151), max_size=4),
+    "stream": st.booleans(),
+    "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+    "ignore_eos": st.booleans(),
+    "include_stop_str_in_output": st.booleans(),
+    "user": st.text(max_size=20),
+    "echo": st.booleans(),
+    "logprobs": st.booleans() | st.integers(0, 20),
+    "top_logprobs": st.integers(0, 20),
+    "response_format": st.just({"type": "text"}),
+    "logit_bias": st.just({}),
+    "tools": st.just([]),
+    "modalities": st.just(["text"]),
+    "messages": st.lists(
+        st.fixed_dictionaries(
+            {"role": st.sampled_from(["system", "user", "assistant", "developer"]), "content": text}
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    "prompt": text
+    | st.lists(_good_text, min_size=1, max_size=3)
+    | _ids
+    | st.lists(_ids, min_size=1, max_size=3),
+}
+
+
+def _field_values(name: str) -> st.SearchStrategy[Any]:
+    valid = _VALID.get(name)
+    if valid is None:
+        return _wild_values(name)
+    return st.integers(0, 9).flatmap(lambda k: valid if k < 6 else _wild_values(name))
+
+
+@st.composite
+def random_body(draw: st.DrawFn, kind: str) -> bytes:
+    """Anything: random JSON, a random object over the endpoint's field names, or not JSON."""
+    fields = CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS
+    choice = draw(st.integers(0, 3))
+    if choice == 0:
+        return orjson.dumps(draw(any_json))
+    if choice == 1:
+        keys = st.sampled_from(fields) | st.text(max_size=10)
+        return orjson.dumps(draw(st.dictionaries(keys, any_json, max_size=8)))
+    if choice == 2:
+        return draw(st.binary(max_size=300))
+    # JSON text with a number no Python value serialises to
+    name = draw(st.sampled_from(fields))
+    return b'{"model": "synthetic", "%s": %s}' % (name.encode(), draw(st.sampled_from(RAW_NUMBERS)).encode())
+
+
+def valid_body(kind: str, model: str) -> dict[str, Any]:
+    if kind == "chat":
+        return {"model": model, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 4}
+    return {"model": model, "prompt": "Once upon a time", "max_tokens": 4}
+
+
+@st.composite
+def almost_valid_body(draw: st.DrawFn, kind: str, model: str) -> bytes:
+    """A valid request with some fields replaced, added or removed."""
+    body = valid_body(kind, model)
+    fields = CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS
+    for name in draw(st.lists(st.sampled_from(fields), min_size=1, max_size=5, unique=True)):
+        body[name] = draw(_field_values(name))
+    for name in draw(st.lists(st.sampled_from(sorted(body)), max_size=1)):
+        if draw(st.integers(0, 3)) == 0:
+            body.pop(name, None)
+    raw = orjson.dumps(body)
+    if draw(st.integers(0, 9)) == 0:  # splice an unrepresentable number into one field
+        name = draw(st.sampled_from(fields))
+        raw = raw[:-1] + b',"%s":%s}' % (name.encode(), draw(st.sampled_from(RAW_NUMBERS)).encode())
+    return raw
+
+
+class Client:
+    """One keep-alive connection to the server; reconnects when the server closed it."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.conn: http.client.HTTPConnection | None = None
+        self.statuses: Counter[int] = Counter()
+        self.cases = 0
+
+    def post(self, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        for attempt in range(2):
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+            try:
+                self.conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+                r = self.conn.getresponse()
+                data = r.read()
+                headers = {k.lower(): v for k, v in r.getheaders()}
+                if r.will_close:
+                    self.close()
+                return r.status, headers, data
+            except (ConnectionError, http.client.RemoteDisconnected, http.client.CannotSendRequest):
+                self.close()  # a keep-alive connection the server had closed: once more, fresh
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def check(self, path: str, body: bytes) -> None:
+        """Sends one body; asserts the answer is a legal one."""
+        status, headers, data = self.post(path, body)
+        self.cases += 1
+        self.statuses[status] += 1
+        context = f"{path} {body[:300]!r} -> {status} {data[:500]!r}"
+        assert status < 500, context
+        if status >= 400:
+            assert headers.get("content-type", "").startswith("application/json"), context
+            assert is_openai_error(orjson.loads(data)), context
+            return
+        assert status == 200, context
+        if headers.get("content-type", "").startswith("text/event-stream"):
+            check_sse(data, context)
+        else:
+            check_completion(orjson.loads(data), path == CHAT, context)
+
+
+def check_completion(body: Any, chat: bool, context: str) -> None:
+    assert body["object"] == ("chat.completion" if chat else "text_completion"), context
+    assert body["choices"], context
+    for i, c in enumerate(body["choices"]):
+        assert c["index"] == i and c["finish_reason"] in ("stop", "length"), context
+        content = c["message"]["content"] if chat else c["text"]
+        assert isinstance(content, str), context
+    usage = body["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"], context
+
+
+def check_sse(data: bytes, context: str) -> None:
+    blocks = [b for b in data.split(b"\n\n") if b.strip()]
+    assert blocks and blocks[-1] == b"data: [DONE]", context
+    finished = set()
+    for block in blocks[:-1]:
+        assert block.startswith(b"data: "), context
+        event = orjson.loads(block[6:])
+        assert "error" not in event, context
+        for c in event["choices"]:
+            if c["finish_reason"] is not None:
+                assert c["finish_reason"] in ("stop", "length"), context
+                finished.add(c["index"])
+    assert finished, context

@@ -1,0 +1,59 @@
+"""`rillet serve` as a subprocess on a free loopback port, its stderr collected on a thread."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RILLET = Path(sys.executable).with_name("rillet")
+
+
+class ServeProcess:
+    def __init__(self, *sets: str, env: dict[str, str] | None = None, ready: bool = True) -> None:
+        args = [str(RILLET), "serve", "--port", "0", "--set", "model.kind=synthetic"]
+        for s in sets:
+            args += ["--set", s]
+        self.proc = subprocess.Popen(
+            args, stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, **(env or {})}
+        )
+        self.lines: list[str] = []
+        self.port = 0
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        if ready:
+            self.wait_for_line("ready: serving", 60)
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            m = re.search(r"listening on http://[^:]+:(\d+)", line)
+            if m:
+                self.port = int(m.group(1))
+            self.lines.append(line)
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for_line(self, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.lines):
+            assert self.proc.poll() is None, self.log
+            assert time.monotonic() < deadline, self.log
+            time.sleep(0.05)
+
+    def wait(self, timeout: float) -> int:
+        code = self.proc.wait(timeout)
+        self._reader.join(5)
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
