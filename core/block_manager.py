@@ -70,20 +70,26 @@ class BlockManager:
     # ---- admission with prefix lookup --------------------------------------------------------
     def match_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks that hold the leading full blocks of `seq` (never its last token)."""
-        if not self.enable_prefix_caching:
-            return []
-        bs = self.block_size
-        limit = (seq.num_tokens - 1) // bs
+        return self._lookup(seq)[0]
+
+    def _lookup(self, seq: Sequence) -> tuple[list[int], list[int]]:
+        """(hit blocks, their chained hashes), so admission need not hash the prefix again."""
         hits: list[int] = []
-        parent = 0
-        for i in range(limit):
-            key = (parent, tuple(seq.tokens(i * bs, (i + 1) * bs)))
+        hashes: list[int] = []
+        if not self.enable_prefix_caching:
+            return hits, hashes
+        for i in range((seq.num_tokens - 1) // self.block_size):
+            key = self._key(seq, i, hashes[-1] if hashes else 0)
             block = self._block_of.get(key)
             if block is None:
                 break
             hits.append(block)
-            parent = hash(key)
-        return hits
+            hashes.append(hash(key))
+        return hits, hashes
+
+    def _key(self, seq: Sequence, i: int, parent: int) -> BlockKey:
+        bs = self.block_size
+        return (parent, tuple(seq.tokens(i * bs, (i + 1) * bs)))
 
     def admit(self, seq: Sequence, budget: int) -> int:
         """Takes prefix hits plus blocks for the first chunk (at most `budget` tokens) after them.
@@ -91,7 +97,7 @@ class BlockManager:
         Returns the chunk's token count, or 0 (nothing taken) when the pool cannot hold it.
         """
         assert not seq.block_table, "admit() on a sequence that holds blocks"
-        hits = self.match_prefix(seq)
+        hits, hashes = self._lookup(seq)
         cached = len(hits) * self.block_size
         chunk = min(seq.num_tokens - cached, budget)
         need = -(-(cached + chunk) // self.block_size) - len(hits)
@@ -103,7 +109,7 @@ class BlockManager:
             self._ref(b)
         seq.block_table = hits + [self._take() for _ in range(need)]
         seq.num_computed = cached
-        self._seq_hashes[seq.seq_id] = self._chain(seq, len(hits))
+        self._seq_hashes[seq.seq_id] = hashes
         if seq.num_preemptions == 0:
             seq.num_cached = cached
             self.stats.queried_tokens += seq.prompt_len
@@ -124,11 +130,8 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         hashes = self._seq_hashes.setdefault(seq.seq_id, [])
-        bs = self.block_size
-        full = seq.num_computed // bs
-        for i in range(len(hashes), full):
-            parent = hashes[-1] if hashes else 0
-            key = (parent, tuple(seq.tokens(i * bs, (i + 1) * bs)))
+        for i in range(len(hashes), seq.num_computed // self.block_size):
+            key = self._key(seq, i, hashes[-1] if hashes else 0)
             block = seq.block_table[i]
             if key not in self._block_of and block not in self._key_of:
                 self._block_of[key] = block
@@ -152,13 +155,6 @@ class BlockManager:
         self._cached_free.clear()
 
     # ---- internals ---------------------------------------------------------------------------
-    def _chain(self, seq: Sequence, n: int) -> list[int]:
-        hashes: list[int] = []
-        bs = self.block_size
-        for i in range(n):
-            hashes.append(hash((hashes[-1] if hashes else 0, tuple(seq.tokens(i * bs, (i + 1) * bs)))))
-        return hashes
-
     def _ref(self, b: int) -> None:
         if self.ref_count[b] == 0:
             self._cached_free.pop(b, None)

@@ -106,6 +106,3 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
-
-    def num_free_blocks_after(self) -> int:
-        return self.blocks.num_free
