@@ -53,9 +53,9 @@ class ModelConfig:
     shape: str = "mistral-7b"  # architecture preset used when kind == "shape"
     synthetic_step_ms: float = 5.0  # null engine: time one step takes, no compute
     synthetic_vocab_size: int = 49152
-    # int4 = weight-only int4 (group 32) with bf16 activations, CPU only: ~8x fewer weight bytes
-    # per decode step than float32. Lossless for Q4_1 GGUF weights up to bf16 scales.
-    quantization: Literal["none", "int4"] = "none"
+    # int4 = weight-only int4 (group 32), bf16 activations, CPU only: ~8x fewer weight bytes than fp32.
+    # auto = int4 for a mostly 4-bit GGUF on CPU with dtype auto/bfloat16, else none (quant_select.py).
+    quantization: Literal["auto", "none", "int4"] = "auto"
     num_threads: int | None = None  # CPU: torch intra-op threads; None = torch's default (all cores)
 
     def __post_init__(self) -> None:
@@ -145,8 +145,10 @@ class ServerConfig:
     max_n: int = 16
     request_timeout_s: float | None = None  # per-request deadline; None = none
     drain_timeout_s: float = 30.0
+    loop_nice: int = 5  # the event loop thread's nice increment: the engine thread goes first
 
     def __post_init__(self) -> None:
+        _check(0 <= self.loop_nice <= 19, "server.loop_nice", "must be in 0..19")
         _check(0 <= self.port <= 65535, "server.port", "must be in 0..65535")
         _check(self.max_body_bytes >= 1024, "server.max_body_bytes", "must be >= 1024")
         _check(self.max_header_bytes >= 1024, "server.max_header_bytes", "must be >= 1024")

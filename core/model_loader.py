@@ -24,7 +24,7 @@ from .detokenizer import IncrementalDetokenizer
 from .model import DecoderModel, allocate_kv_cache, build_model
 from .model_arch import ModelArch
 from .model_runner import DecoderGraphAdapter, ModelRunner, Runner, SyntheticRunner
-from .quant_int4 import int4_supported
+from .quant_select import Quantization, resolve_dtype, resolve_quantization
 from .request import Sequence
 from .sampler import Sampler
 from .scheduler import Scheduler
@@ -34,7 +34,6 @@ from .tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str, float], None]
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -48,6 +47,7 @@ class Runtime:
     device: torch.device
     dtype: torch.dtype
     arch: ModelArch | None
+    quantization: Quantization = "none"  # resolved (never auto): int4 = the weights run as Int4Weight
 
 
 def resolve_device(name: str) -> torch.device:
@@ -56,20 +56,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("model.device", "cuda was asked for but no CUDA device is available")
     return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device, quantization: str = "none") -> torch.dtype:
-    if quantization == "int4":
-        if device.type != "cpu":
-            raise ConfigError("model.quantization", "int4 runs on the CPU only (model.device: cpu)")
-        if not int4_supported():
-            raise ConfigError("model.quantization", "this torch build has no CPU int4 kernel; use none")
-        if name not in ("auto", "bfloat16"):
-            raise ConfigError("model.dtype", f"int4 weights run with bfloat16 activations, not {name}")
-        return torch.bfloat16
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[name]
 
 
 def resolve_model(cfg: RilletConfig) -> tuple[str, Path | None]:
@@ -105,15 +91,18 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
     device = resolve_device(cfg.model.device)
     if cfg.model.num_threads is not None:
         torch.set_num_threads(cfg.model.num_threads)
-    dtype = resolve_dtype(cfg.model.dtype, device, cfg.model.quantization)
     kind, path = resolve_model(cfg)
+    quant = resolve_quantization(cfg.model, kind, path, device)
+    if cfg.model.quantization == "auto":
+        log.info("quantization auto -> %s: %s", quant.quantization, quant.reason)
+    dtype = resolve_dtype(cfg.model.dtype, device, quant.quantization)
     report("tokenizer", 0.0)
     tokenizer = load_tokenizer(kind, path)
     name = cfg.model.served_name or _served_name(kind, path, cfg)
     if kind == "synthetic":
         return _synthetic_runtime(cfg, tokenizer, name, device, dtype, report)
     report("weights", 0.1)
-    arch, model = _load_model(cfg, kind, path, device, dtype, report)
+    arch, model = _load_model(cfg, kind, path, device, dtype, quant.quantization, report)
     max_len = min(cfg.model.max_model_len or arch.max_position, arch.max_position)
     blocks = BlockManager(
         _num_blocks(cfg, arch, dtype, device), cfg.cache.block_size, cfg.cache.prefix_caching
@@ -122,9 +111,10 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
     runner = _model_runner(cfg, model, arch, blocks.num_blocks, tokenizer, device, dtype)
     report("ready", 1.0)
     log.info(
-        "model %s (%s, %s on %s): %d layers, context %d, KV pool %d blocks x %d tokens",
+        "model %s (%s, %s%s on %s): %d layers, context %d, KV pool %d blocks x %d tokens",
         name,
         kind,
+        "int4 weights, " if quant.quantization == "int4" else "",
         str(dtype).removeprefix("torch."),
         device,
         arch.num_layers,
@@ -142,6 +132,7 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         device,
         dtype,
         arch,
+        quant.quantization,
     )
 
 
@@ -224,6 +215,7 @@ def _load_model(
     path: Path | None,
     device: torch.device,
     dtype: torch.dtype,
+    quantization: Quantization,
     report: Progress,
 ) -> tuple[ModelArch, DecoderModel]:
     if kind == "shape":
@@ -232,7 +224,7 @@ def _load_model(
             arch, make_backend(cfg, arch, device, dtype), dtype, device, cfg.model.max_model_len
         )
         model.init_random(cfg.model.seed)
-        _maybe_quantize(cfg, model)
+        _maybe_quantize(quantization, model)
         return arch, model
     assert path is not None
     if kind == "gguf":
@@ -245,13 +237,13 @@ def _load_model(
         arch, weights = load_hf_folder(path, dtype)
     model = build_model(arch, make_backend(cfg, arch, device, dtype), dtype, device, cfg.model.max_model_len)
     model.load_weights(weights)
-    _maybe_quantize(cfg, model)
+    _maybe_quantize(quantization, model)
     report("weights", 0.8)
     return arch, model
 
 
-def _maybe_quantize(cfg: RilletConfig, model: DecoderModel) -> None:
-    if cfg.model.quantization == "int4":
+def _maybe_quantize(quantization: Quantization, model: DecoderModel) -> None:
+    if quantization == "int4":
         model.quantize_int4()
         log.info("weights quantized to int4 (group 32) for CPU decode")
 

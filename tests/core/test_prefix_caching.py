@@ -12,6 +12,8 @@ from rillet.core.sampling_params import SamplingParams
 
 SYSTEM = "You are a terse assistant. Answer in one short sentence. " * 3
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0)
+# Pinned: the default (quantization auto) would run int4 with bf16 activations.
+FP32 = {"dtype": "float32"}
 
 
 def chat(tok: Any, *turns: str) -> list[int]:
@@ -40,7 +42,7 @@ def waves(tok: Any) -> list[list[list[int]]]:
 
 
 def run(cache: dict[str, Any]) -> tuple[list[list[int]], LLM]:
-    llm = LLM(config_from_dict({"model": {"dtype": "float32"}, "cache": cache}))
+    llm = LLM(config_from_dict({"model": FP32, "cache": cache}))
     outs: list[list[int]] = []
     for wave in waves(llm.tokenizer):
         res = llm.generate(wave, GREEDY)
@@ -69,7 +71,7 @@ def test_outputs_identical_with_prefix_caching(reference: list[list[int]]) -> No
 
 
 def test_cached_tokens_reported_per_request() -> None:
-    with LLM(config_from_dict({"cache": {"num_blocks": 128, "block_size": 16}})) as llm:
+    with LLM(config_from_dict({"model": FP32, "cache": {"num_blocks": 128, "block_size": 16}})) as llm:
         ids = chat(llm.tokenizer, "Tell me about the moon.")
         cold = llm.generate([ids], GREEDY)[0].outputs[0]
         warm = llm.generate([ids], GREEDY)[0].outputs[0]
@@ -91,7 +93,7 @@ def test_eviction_under_a_small_pool_keeps_outputs_and_integrity(reference: list
 
 
 def test_n_copies_share_the_prompt_blocks() -> None:
-    with LLM(config_from_dict({"cache": {"num_blocks": 128, "block_size": 16}})) as llm:
+    with LLM(config_from_dict({"model": FP32, "cache": {"num_blocks": 128, "block_size": 16}})) as llm:
         ids = chat(llm.tokenizer, "Pick a colour.")
         res = llm.generate([ids], SamplingParams(max_tokens=5, temperature=0.0), n=3)[0]
         toks = [o.token_ids for o in res.outputs]
