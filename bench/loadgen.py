@@ -143,7 +143,12 @@ async def run_level(
     prompt: str = "Write a long story about a lighthouse keeper.",
     count_tokens: Callable[[str], int] | None = None,
     headers: dict[str, str] | None = None,
+    warm: bool = False,
+    on_start: Callable[[], None] | None = None,
 ) -> LevelResult:
+    """`warm`: first open `concurrency` keep-alive connections with 1-token requests (untimed), so
+    the timed part measures serving, not TCP connects (production clients keep connections).
+    `on_start` runs just before the clock starts (after the warm-up), e.g. to read server counters."""
     url = base_url.rstrip("/") + "/chat/completions"
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(num_requests):
@@ -159,6 +164,15 @@ async def run_level(
                 body = chat_body(model, f"{prompt} (#{i})", max_tokens, stream)
                 results.append(await one_request(session, url, body, count_tokens))
 
+        if warm:
+            await asyncio.gather(
+                *(
+                    one_request(session, url, chat_body(model, prompt, 1, False), None)
+                    for _ in range(concurrency)
+                )
+            )
+        if on_start is not None:
+            on_start()
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - t0

@@ -7,7 +7,13 @@ i.e. steps/s x active streams).
 If the front end falls behind, the engine's ring fills or delivery lags the engine, and the ratio
 drops below 1.
 
-    .venv/bin/python bench/null_engine.py [--step-ms 5] [--streams 1 64 256] [--tokens 400]
+    .venv/bin/python bench/null_engine.py [--step-ms 5] [--streams 1 64 256] [--tokens 400] [--repeats 3]
+
+Each level runs `--repeats` times, streaming and not alternating (S N N S S N ...), over keep-alive
+connections opened before the clock starts; rates are totals over the repeats, and the spread of
+the per-run stream/non-stream ratios is reported beside them. The KV pool is sized so that every
+stream fits at once (the synthetic default of 4,096 blocks holds only ~150 streams of 400 tokens:
+the rest would wait or be preempted, and the level would not measure 256 streams).
 """
 
 from __future__ import annotations
@@ -15,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,26 +38,48 @@ def counters(srv: RilletServer) -> tuple[float, float, float]:
 
 
 def level(srv: RilletServer, streams: int, tokens: int, stream: bool) -> dict[str, Any]:
-    s0, b0, k0 = counters(srv)
-    t0 = time.perf_counter()
-    res = asyncio.run(run_level(srv.base_url, "synthetic", streams, streams, tokens, stream))
-    wall = time.perf_counter() - t0
-    s1, b1, k1 = counters(srv)
-    steps, busy = s1 - s0, b1 - b0
+    start: list[tuple[float, float, float]] = []
+    res = asyncio.run(
+        run_level(
+            srv.base_url,
+            "synthetic",
+            streams,
+            streams,
+            tokens,
+            stream,
+            warm=True,
+            on_start=lambda: start.append(counters(srv)),  # after the warm-up requests
+        )
+    )
+    (s0, b0, k0), (s1, b1, k1) = start[0], counters(srv)
+    return {
+        "tokens": res.tokens,
+        "wall_s": res.wall_s,
+        "engine_tokens": k1 - k0,
+        "busy_s": b1 - b0,
+        "steps": s1 - s0,
+        "errors": res.errors,
+    }
+
+
+def aggregate(runs: list[dict[str, Any]], streams: int, stream: bool) -> dict[str, Any]:
+    tokens = sum(r["tokens"] for r in runs)
+    wall = sum(r["wall_s"] for r in runs)
+    busy = sum(r["busy_s"] for r in runs)
+    steps = sum(r["steps"] for r in runs)
     # The engine's rate: tokens it produced per second of its own busy time (steps/s x the streams
     # actually active in those steps, ramp-up included).
-    engine_rate = (k1 - k0) / busy if busy > 0 else 0.0
-    delivered = res.tokens / res.wall_s if res.wall_s > 0 else 0.0
+    engine_rate = sum(r["engine_tokens"] for r in runs) / busy if busy > 0 else 0.0
+    delivered = tokens / wall if wall > 0 else 0.0
     return {
         "streams": streams,
         "stream": stream,
         "delivered_tok_s": delivered,
         "engine_tok_s": engine_rate,
         "ratio": delivered / engine_rate if engine_rate else None,
-        "steps_per_s": steps / busy if busy else None,
         "step_ms": busy / steps * 1000 if steps else None,
-        "errors": res.errors,
-        "wall_s": wall,
+        "errors": sum(r["errors"] for r in runs),
+        "runs": runs,
     }
 
 
@@ -61,6 +88,7 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=5.0)
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 64, 256])
     ap.add_argument("--tokens", type=int, default=400)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--set", action="append", default=[], help="extra config overrides")
     ap.add_argument("--out", default="bench/out/null_engine.json")
     a = ap.parse_args()
@@ -71,6 +99,7 @@ def main() -> None:
         f"scheduler.max_num_seqs={top}",
         f"scheduler.max_num_batched_tokens={max(2048, top * 64)}",
         f"scheduler.max_waiting={max(1024, 2 * top)}",
+        f"cache.num_blocks={top * (-(-(a.tokens + 64) // 16)) + 64}",  # every stream fits (16-token blocks)
         "logging.level=WARNING",
         *a.set,
     ]
@@ -78,27 +107,35 @@ def main() -> None:
     with RilletServer(overrides) as srv:
         asyncio.run(run_level(srv.base_url, "synthetic", 4, 8, 16, True))  # warm-up
         for n in a.streams:
-            for stream in (True, False):
-                rows.append(level(srv, n, a.tokens, stream))
-                print(f"  streams={n} stream={stream}: ratio {rows[-1]['ratio']}", flush=True)
+            runs: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
+            for i in range(2 * a.repeats):
+                stream = (i % 4) in (0, 3)  # S N N S S N ...: neither mode always goes first
+                runs[stream].append(level(srv, n, a.tokens, stream))
+            s_row, ns_row = aggregate(runs[True], n, True), aggregate(runs[False], n, False)
+            pairs = [
+                x["tokens"] / x["wall_s"] / (y["tokens"] / y["wall_s"])
+                for x, y in zip(runs[True], runs[False], strict=True)
+            ]
+            s_row["stream_vs_nonstream"] = s_row["delivered_tok_s"] / ns_row["delivered_tok_s"]
+            s_row["svn_min"], s_row["svn_max"] = min(pairs), max(pairs)
+            rows += [s_row, ns_row]
+            print(f"  streams={n}: stream/non-stream {s_row['stream_vs_nonstream']:.3f}", flush=True)
         rss = srv.peak_rss_mib()
-    for n in a.streams:
-        s = next(r for r in rows if r["streams"] == n and r["stream"])
-        ns = next(r for r in rows if r["streams"] == n and not r["stream"])
-        s["stream_vs_nonstream"] = (
-            s["delivered_tok_s"] / ns["delivered_tok_s"] if ns["delivered_tok_s"] else None
-        )
     write_json(
         a.out,
         {
             "step_ms": a.step_ms,
             "tokens": a.tokens,
+            "repeats": a.repeats,
             "rows": rows,
             "server_peak_rss_mib": rss,
             "client_peak_rss_mib": peak_rss_mib(),
         },
     )
-    print(f"server peak RSS {rss} MiB; step {a.step_ms} ms; {a.tokens} tokens per request")
+    print(
+        f"server peak RSS {rss} MiB; step {a.step_ms} ms; {a.tokens} tokens per request; "
+        f"{a.repeats} runs per mode"
+    )
     cols = [
         "streams",
         "stream",
@@ -107,6 +144,8 @@ def main() -> None:
         "ratio",
         "step_ms",
         "stream_vs_nonstream",
+        "svn_min",
+        "svn_max",
         "errors",
     ]
     print(table(rows, cols))

@@ -200,21 +200,33 @@ class Engine:
     # ---- the engine thread ---------------------------------------------------------------------
     def _run(self) -> None:
         die_at = _test_death_step()
+        # A step's output is published when the next step starts its model run (see
+        # EngineCore.step's `before_run`), or at once when no next step follows.
+        held: list[StepOutput] = []
+
+        def publish() -> None:
+            if held:
+                self.ring.push(held.pop())
+
         try:
             while not self._stop:
                 if die_at is not None and self.core.steps >= die_at:
                     raise RuntimeError(f"test-only engine death ({_TEST_DIE_ENV}={die_at})")
                 aborted = self._drain_inbox()
                 if not self.core.has_work() and not aborted:
+                    publish()
                     self._wake.wait(0.1)
                     self._wake.clear()
                     continue
                 t0 = time.perf_counter()
-                out = self.core.step()
+                out = self.core.step(publish)
+                publish()  # not called when nothing was scheduled
                 if aborted:
                     out = StepOutput(self.core.steps, aborted.deltas + (out.deltas if out else []))
                 if out is not None and out.deltas:
-                    self.ring.push(out)
+                    held.append(out)
+                    if not self.core.has_work():
+                        publish()
                 self._busy += time.perf_counter() - t0
         except RingClosed:
             pass
@@ -222,6 +234,8 @@ class Engine:
             self.error = f"engine thread died: {type(exc).__name__}: {exc}"
             log.exception("engine thread died")
             self._dead = True
+            if held:  # tokens already produced go out before the failures
+                self.ring.try_push(held.pop())
             self._fail_everything()
             raise
 

@@ -93,12 +93,18 @@ class EngineCore:
         return self.scheduler.has_work()
 
     # ---- the step ----------------------------------------------------------------------------
-    def step(self) -> StepOutput | None:
+    def step(self, before_run: Callable[[], None] | None = None) -> StepOutput | None:
+        """One scheduling + model step. `before_run` is called once the batch is scheduled, just
+        before the model runs (not at all when nothing is scheduled): the engine publishes the
+        previous step's output there, so the front end's work on it overlaps this step's compute
+        instead of competing with the scheduling for the GIL."""
         deltas = self._expire_deadlines()
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return StepOutput(self.steps, deltas) if deltas else None
         self.steps += 1
+        if before_run is not None:
+            before_run()
         try:
             sampled, result = self.runner.step(batch)
         except Exception as exc:  # a failed forward fails this batch, not the engine

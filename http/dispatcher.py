@@ -92,10 +92,16 @@ class Dispatcher:
                 self.wakeups += 1
 
     def route(self, outs: list[StepOutput]) -> None:
+        """Appends every delta to its request's stream, then delivers each touched stream once.
+
+        Delivery after the whole pass (not per delta) means one write or one wake-up per request
+        per pass, however many engine steps the pass took from the ring.
+        """
         routes = self._routes
         now = time.monotonic()
         tokens = 0
         metrics = self._metrics
+        touched: list[RequestStream] = []
         for out in outs:
             self.steps_routed += 1
             for d in out.deltas:
@@ -109,16 +115,22 @@ class Dispatcher:
                 if k:
                     tokens += k
                     if metrics is not None:
-                        metrics.token_times(stream, now, k)
+                        metrics.token_times(stream, now, k, out.step)
                 if d.finish_reason is FinishReason.ERROR and self._engine_dead():
                     stream.fail(engine_dead(d.error))
                     routes.pop(d.request_id, None)
                     continue
                 stream.push(d)
+                if not stream.touched:
+                    stream.touched = True
+                    touched.append(stream)
                 if stream.pending_tokens > self._max_buffered:
                     self._cut_off(stream)
                 elif stream.done_in_engine:
                     routes.pop(d.request_id, None)
+        for stream in touched:
+            stream.touched = False
+            stream.deliver()
         if metrics is not None and tokens:
             metrics.generation_tokens.inc(tokens)
 

@@ -26,6 +26,7 @@ from .protocol import GenRequest
 from .sse import pump_sse
 from .state import ServerState
 from .stream_state import RequestStream
+from .transport_write import transport_write
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ async def run_generation(
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     engine_ids = (rid,) if len(gen.prompts) == 1 else tuple(f"{rid}-{p}" for p in range(len(gen.prompts)))
     stream = RequestStream(rid, gen.num_choices, engine_ids)
+    if not gen.stream:  # the collector wants the end; waking it per token would be pure overhead
+        stream.wake_tokens = max(1, state.cfg.stream.max_buffered_tokens // 2)
     usage = Usage([len(p) for p in gen.prompts], gen.n)
     _submit(state, engine, gen, stream)
     state.metrics.prompt_tokens.inc(usage.prompt_tokens)
@@ -104,8 +107,9 @@ async def _stream(
     timer: list[asyncio.TimerHandle] = []
     stream.on_cut = lambda: _close_after_grace(request, resp, timer)
     try:
-        await resp.prepare(request)
-        ok = await pump_sse(stream, fmt, usage, resp.write, state.cfg.stream, head)
+        writer = await resp.prepare(request)
+        direct = transport_write(writer)
+        ok = await pump_sse(stream, fmt, usage, resp.write, state.cfg.stream, head, direct)
         await resp.write_eof()
     except ConnectionResetError:  # the client went away mid-stream (aiohttp raises a subclass)
         log.debug("client of %s disconnected mid-stream", stream.request_id)

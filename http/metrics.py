@@ -1,8 +1,9 @@
 """Prometheus metrics of one app, in its own CollectorRegistry (several servers may share a process).
 
 Per-token work is kept to the dispatcher's batch: one `inc` per engine step for generated tokens,
-one histogram observation per request per step for latencies. Engine gauges are read from
-`engine.stats()` only when /metrics is scraped.
+one histogram observation per request per step for latencies, into lock-free loop-owned
+histograms (loop_histogram.py). Engine gauges are read from `engine.stats()` only when /metrics is
+scraped.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from .loop_histogram import LoopHistogram
 
 if TYPE_CHECKING:
     from .stream_state import RequestStream
@@ -47,28 +50,29 @@ class Metrics:
         )
         self.prompt_tokens = Counter("rillet_prompt_tokens", "Prompt tokens of accepted requests", registry=r)
         self.generation_tokens = Counter("rillet_generation_tokens", "Tokens generated", registry=r)
-        self.ttft = Histogram(
-            "rillet_time_to_first_token_seconds", "Arrival to first token", buckets=_TTFT_BUCKETS, registry=r
+        self.ttft = LoopHistogram(
+            "rillet_time_to_first_token_seconds", "Arrival to first token", _TTFT_BUCKETS
         )
-        self.itl = Histogram(
+        self.itl = LoopHistogram(
             "rillet_inter_token_latency_seconds",
             "Time between a request's consecutive tokens",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            _LATENCY_BUCKETS,
         )
-        self.e2e = Histogram(
-            "rillet_request_latency_seconds", "Arrival to last token", buckets=_E2E_BUCKETS, registry=r
-        )
+        self.e2e = LoopHistogram("rillet_request_latency_seconds", "Arrival to last token", _E2E_BUCKETS)
+        for h in (self.ttft, self.itl, self.e2e):
+            r.register(h)
         r.register(_Snapshot(snapshot))
 
-    def token_times(self, stream: RequestStream, now: float, num_tokens: int) -> None:
-        """Called by the dispatcher once per delta with tokens; `now` is shared by the whole step."""
+    def token_times(self, stream: RequestStream, now: float, num_tokens: int, step: int) -> None:
+        """Called by the dispatcher once per delta with tokens; `now` is shared by the whole routing
+        pass, which may hold several engine steps (their later tokens then count a 0 s gap)."""
         if stream.first_token_at is None:
             stream.first_token_at = now
             self.ttft.observe(now - stream.arrival)
-        elif now != stream.last_token_at:  # n > 1: the other choices of the same step add nothing
+        elif step != stream.last_step:  # n > 1: the other choices of the same step add nothing
             self.itl.observe((now - stream.last_token_at) / num_tokens)
         stream.last_token_at = now
+        stream.last_step = step
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -25,6 +25,7 @@ from rillet.core.config import ConfigError, RilletConfig
 from .engine_api import EngineLike
 from .errors import unavailable
 from .model_path import check_model_path
+from .process_tuning import tune_for_serving
 from .progress import ProgressBar
 from .server import HttpServer
 from .state import ServerState
@@ -132,6 +133,7 @@ async def serve(cfg: RilletConfig) -> int:
         log.error("could not load the model: %s: %s", type(exc).__name__, exc)
         return EXIT_ENGINE_FAILED
     engine: EngineLike = loading.result()
+    tune_for_serving(cfg.server.loop_nice)
     engine.start()
     state.attach(engine)
     log.info("%s", ready_banner(cfg, engine, cfg.server.host, port))

@@ -1,9 +1,13 @@
 """One request's pending output, between the dispatcher (producer) and its one consumer coroutine.
 
 Both run on the event loop, so there is no locking: the dispatcher appends deltas in engine
-order and wakes the consumer only if it is parked; the consumer takes everything pending at once.
-That hand-over is where coalescing comes from: whatever piled up while the consumer was busy
-(writing to a slow socket) is taken in one go, in order, nothing dropped.
+order (`push`) and, once per routing pass, calls `deliver` on every stream it touched. Delivery
+either hands the output straight to the stream's `flusher` (a streaming response whose socket is
+free writes it at once, without waking its coroutine) or wakes the parked consumer; the consumer
+takes everything pending at once. That hand-over is where coalescing comes from: whatever piled
+up while the consumer was busy (writing to a slow socket) is taken in one go, in order, nothing
+dropped. A consumer that only wants the end (non-streaming) sets `wake_tokens` high and is woken
+at the end, on failure, or when that many tokens are pending — not once per token.
 """
 
 from __future__ import annotations
@@ -25,13 +29,17 @@ class RequestStream:
         "engine_ids",
         "failure",
         "first_token_at",
+        "flusher",
+        "last_step",
         "last_token_at",
         "num_choices",
         "on_cut",
         "pending",
         "pending_tokens",
         "request_id",
+        "touched",
         "unfinished",
+        "wake_tokens",
     )
 
     def __init__(self, request_id: str, num_choices: int, engine_ids: tuple[str, ...] = ()) -> None:
@@ -45,7 +53,13 @@ class RequestStream:
         self.arrival = time.monotonic()
         self.first_token_at: float | None = None  # for TTFT / inter-token latency metrics
         self.last_token_at = 0.0
+        self.last_step = -1  # engine step of the latest token (ITL: one observation per step)
         self._waiter: asyncio.Future[None] | None = None
+        self.touched = False  # the dispatcher's mark: pushed to during the current routing pass
+        self.wake_tokens = 1  # wake the consumer once this many tokens are pending (or at the end)
+        # Set by a streaming writer while it may write directly; returns False when it cannot
+        # (socket busy, stream ended, failure): then the consumer is woken instead.
+        self.flusher: Callable[[], bool] | None = None
         # Set by the writer of a streaming response: called when the dispatcher cuts this request
         # off because its client fell too far behind (the writer may be stuck on a full socket).
         self.on_cut: Callable[[], None] | None = None
@@ -71,7 +85,13 @@ class RequestStream:
                 self.unfinished = 0
             elif self.unfinished > 0:
                 self.unfinished -= 1
-        self._wake()
+
+    def deliver(self) -> None:
+        """After a routing pass that pushed to this stream: write it out, or wake the consumer."""
+        if self.failure is not None or self.unfinished == 0 or self.pending_tokens >= self.wake_tokens:
+            flusher = self.flusher
+            if flusher is None or not flusher():
+                self._wake()
 
     def fail(self, error: ApiError) -> None:
         if self.failure is None:

@@ -22,6 +22,12 @@ def delta(text: str, index: int = 0, finish: FinishReason | None = None, ntok: i
     return SeqDelta("r", index, ids, text, None, finish, 3, 0, 0)
 
 
+def _push(stream: RequestStream, d: SeqDelta) -> None:
+    """What the dispatcher does for one delta in a routing pass of its own."""
+    stream.push(d)
+    stream.deliver()
+
+
 def test_first_token_of_each_choice_is_alone() -> None:
     started = [False, False]
     pieces = coalesce([delta("a"), delta("b"), delta("c"), delta("x", 1), delta("y", 1)], 16, started)
@@ -87,18 +93,18 @@ def test_tokens_piling_up_behind_a_busy_socket_merge_into_one_write() -> None:
         fmt = _fmt()
         task = asyncio.create_task(pump_sse(stream, fmt, Usage([3], 1), write, cfg, fmt.role()))
         await asyncio.sleep(0.01)
-        stream.push(delta("a"))  # the first token goes out at once
+        _push(stream, delta("a"))  # the first token goes out at once
         await asyncio.sleep(0.01)
         socket_free.clear()  # the client stops reading
-        stream.push(delta("b"))
+        _push(stream, delta("b"))
         await asyncio.sleep(0.01)  # the writer is stuck writing "b"
         for ch in "cdefghij":
-            stream.push(delta(ch))
+            _push(stream, delta(ch))
         await asyncio.sleep(0.01)
         assert len(writes) == 3  # role, "a", "b": nothing more while the socket is busy
         socket_free.set()
         await asyncio.sleep(0.01)
-        stream.push(delta("k", finish=FinishReason.LENGTH))
+        _push(stream, delta("k", finish=FinishReason.LENGTH))
         await asyncio.wait_for(task, 5)
         return writes
 
@@ -123,14 +129,14 @@ def test_max_delay_gathers_later_tokens_but_never_the_first() -> None:
         task = asyncio.create_task(pump_sse(stream, _fmt(), Usage([3], 1), write, cfg, b""))
         await asyncio.sleep(0)
         t0 = loop.time()
-        stream.push(delta("a"))
+        _push(stream, delta("a"))
         await asyncio.sleep(0.01)
         assert len(writes) == 1 and writes[0][0] - t0 < 0.05  # first token: no delay
-        stream.push(delta("b"))
+        _push(stream, delta("b"))
         await asyncio.sleep(0.02)
-        stream.push(delta("c"))  # within the gathering window of "b"
+        _push(stream, delta("c"))  # within the gathering window of "b"
         await asyncio.sleep(0.15)
-        stream.push(delta("d", finish=FinishReason.STOP))
+        _push(stream, delta("d", finish=FinishReason.STOP))
         await asyncio.wait_for(task, 5)
         return writes
 
@@ -151,8 +157,8 @@ def test_usage_chunk_and_logprobs_events() -> None:
         from rillet.core.request import TokenLogprob
 
         lp = [TokenLogprob(104, -0.5, [(104, -0.5), (105, -1.0)])]
-        stream.push(SeqDelta("r", 0, [104], "h", lp, None, 3, 1, 1))
-        stream.push(SeqDelta("r", 0, [105], "i", None, FinishReason.LENGTH, 3, 1, 2))
+        _push(stream, SeqDelta("r", 0, [104], "h", lp, None, 3, 1, 1))
+        _push(stream, SeqDelta("r", 0, [105], "i", None, FinishReason.LENGTH, 3, 1, 2))
         await asyncio.wait_for(task, 5)
         return b"".join(out)
 
@@ -167,3 +173,101 @@ def test_usage_chunk_and_logprobs_events() -> None:
     assert events[-2]["choices"] == [] and events[-2]["usage"]["completion_tokens"] == 2
     assert events[-2]["usage"]["prompt_tokens_details"] == {"cached_tokens": 1}
     assert events[-1] == "[DONE]"
+
+
+class FakeDirect:
+    """A transport whose socket is free until told otherwise."""
+
+    def __init__(self) -> None:
+        self.free = True
+        self.writes: list[bytes] = []
+
+    def ready(self) -> bool:
+        return self.free
+
+    def __call__(self, data: bytes) -> None:
+        self.writes.append(data)
+
+
+def test_direct_path_writes_without_waking_the_pump_and_the_end_goes_through_it() -> None:
+    async def scenario() -> tuple[list[bytes], list[bytes]]:
+        stream = RequestStream("r", 1)
+        pumped: list[bytes] = []
+
+        async def write(data: bytes) -> None:
+            pumped.append(data)
+
+        direct = FakeDirect()
+        fmt = ChunkFormat(True, "chatcmpl-x", 0, "m", 1, True, TokenTexts(FakeTokenizer()))
+        task = asyncio.create_task(
+            pump_sse(stream, fmt, Usage([3], 1), write, StreamConfig(), fmt.role(), direct)
+        )
+        await asyncio.sleep(0.01)
+        waiter = stream._waiter  # the pump is parked on this future
+        for ch in "abc":
+            _push(stream, delta(ch))  # one routing pass each: one direct write each
+        stream.push(delta("d"))
+        stream.push(delta("e"))
+        stream.deliver()  # two tokens in one pass: one write, first-token rule already spent
+        await asyncio.sleep(0.01)
+        assert stream.pending == [] and len(pumped) == 1  # only the role chunk went through the pump
+        assert waiter is not None and stream._waiter is waiter and not waiter.done()
+        direct.free = False  # the client stops reading: the pump takes over and coalesces
+        _push(stream, delta("f"))
+        _push(stream, delta("g"))
+        await asyncio.sleep(0.01)
+        direct.free = True
+        _push(stream, delta("h", finish=FinishReason.LENGTH))  # the end: always the pump
+        await asyncio.wait_for(task, 5)
+        assert stream.flusher is None
+        return direct.writes, pumped
+
+    direct_writes, pumped = asyncio.run(scenario())
+    assert _contents(direct_writes) == [["a"], ["b"], ["c"], ["de"]]
+    events = sse_events(b"".join(pumped))
+    contents = [e["choices"][0]["delta"].get("content") for e in events if e != "[DONE]" and e["choices"]]
+    assert "".join(c for c in contents if c) == "fgh"
+    assert events[-2]["usage"]["completion_tokens"] == 0 or events[-2]["choices"] == []
+    assert events[-1] == "[DONE]"
+
+
+def test_direct_path_is_off_with_a_gathering_delay_and_for_failures() -> None:
+    async def scenario() -> tuple[list[bytes], list[bytes]]:
+        stream = RequestStream("r", 2)
+        pumped: list[bytes] = []
+
+        async def write(data: bytes) -> None:
+            pumped.append(data)
+
+        direct = FakeDirect()
+        task = asyncio.create_task(
+            pump_sse(stream, _fmt(2), Usage([3], 2), write, StreamConfig(), b"", direct)
+        )
+        await asyncio.sleep(0.01)
+        _push(stream, delta("a", 0))
+        _push(stream, delta("x", 1, FinishReason.STOP))  # one choice ends: still direct (n=2)
+        _push(stream, delta("b", 0, FinishReason.ABORT))  # ABORT ends the request: the pump
+        await asyncio.wait_for(task, 5)
+        return direct.writes, pumped
+
+    direct_writes, pumped = asyncio.run(scenario())
+    assert _contents(direct_writes) == [["a"], ["x"]]
+    assert b'"finish_reason":"stop"' in direct_writes[1]
+    assert b'"error"' in b"".join(pumped) and pumped[-1].endswith(b"data: [DONE]\n\n")
+
+    async def delayed() -> bool:
+        stream = RequestStream("r", 1)
+        direct = FakeDirect()
+
+        async def write(data: bytes) -> None:
+            pass
+
+        cfg = StreamConfig(max_delay_ms=5)
+        task = asyncio.create_task(pump_sse(stream, _fmt(), Usage([3], 1), write, cfg, b"", direct))
+        await asyncio.sleep(0.01)
+        installed = stream.flusher is not None
+        _push(stream, delta("a", 0, FinishReason.STOP))
+        await asyncio.wait_for(task, 5)
+        return installed
+
+    assert asyncio.run(delayed()) is False

@@ -148,7 +148,7 @@ def test_engine_death_is_reported_to_everyone_waiting_and_to_health() -> None:
         threads[1].start()
         wait_for(lambda: engine.stats().waiting == 1, what="second request queued")
 
-        def crash() -> None:
+        def crash(*_: object) -> None:
             raise RuntimeError("simulated engine crash")
 
         engine.core.step = crash  # the engine thread's next step raises: the thread dies

@@ -1,0 +1,89 @@
+"""Is the first token delayed by event coalescing? TTFT with the default coalescing vs. coalescing off.
+
+Two servers on the same model run side by side: `default` (stream.max_tokens_per_event as
+configured, 16) and `off` (max_tokens_per_event=1: one event per token). An idle server costs no
+CPU, so the levels alternate between them (A B B A ...) and both see the same machine state.
+Target (issue 4): TTFT p50 with default coalescing within 5 % of coalescing off.
+
+    .venv/bin/python bench/ttft_coalescing.py [--concurrency 1 8] [--rounds 5] [--set model.x=y]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import table, write_json
+from loadgen import LevelResult, pct, run_level
+from server_proc import RilletServer
+
+MODES = {"default": [], "off": ["stream.max_tokens_per_event=1"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--rounds", type=int, default=5, help="alternations per level (each: both servers)")
+    ap.add_argument("--requests", type=int, default=4, help="requests per round = concurrency x this")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--set", action="append", default=[], help="config override for both servers")
+    ap.add_argument("--out", default="bench/out/ttft_coalescing.json")
+    a = ap.parse_args()
+    rows: list[dict[str, Any]] = []
+    with RilletServer([*a.set, *MODES["default"]]) as s_def, RilletServer([*a.set, *MODES["off"]]) as s_off:
+        servers = {"default": s_def, "off": s_off}
+        for srv in servers.values():  # warm-up: first requests pay one-time costs
+            asyncio.run(run_level(srv.base_url, model_of(srv), 2, 4, 8, True))
+        for c in a.concurrency:
+            got: dict[str, list[LevelResult]] = {"default": [], "off": []}
+            for r in range(a.rounds):
+                order = ["default", "off"] if r % 2 == 0 else ["off", "default"]
+                for name in order:
+                    url = servers[name].base_url
+                    level = run_level(
+                        url, model_of(servers[name]), c, c * a.requests, a.max_tokens, True, warm=True
+                    )
+                    got[name].append(asyncio.run(level))
+            rows += [row(name, c, got[name]) for name in ("default", "off")]
+            d, o = rows[-2], rows[-1]
+            d["ttft_p50_vs_off"] = d["ttft_p50_ms"] / o["ttft_p50_ms"] if o["ttft_p50_ms"] else None
+            print(f"  c={c}: TTFT p50 default/off = {d['ttft_p50_vs_off']:.3f}", flush=True)
+        rss = {name: srv.peak_rss_mib() for name, srv in servers.items()}
+    write_json(a.out, {"rows": rows, "server_peak_rss_mib": rss, "max_tokens": a.max_tokens})
+    print(f"server peak RSS (MiB): {rss}")
+    cols = ["coalescing", "concurrency", "requests", "ttft_p50_ms", "ttft_p99_ms", "ttft_p50_vs_off"]
+    print(table(rows, [*cols, "events_per_token", "tok_s", "errors"]))
+
+
+def model_of(srv: RilletServer) -> str:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(srv.base_url + "/models", timeout=10) as r:
+        return str(json.loads(r.read())["data"][0]["id"])
+
+
+def row(name: str, c: int, runs: list[LevelResult]) -> dict[str, Any]:
+    ttft = [t for r in runs for t in r.ttft]
+    tokens = sum(r.tokens for r in runs)
+    events = sum(len(r.itl) + len(r.ttft) for r in runs)  # itl has one entry per event after the first
+    return {
+        "coalescing": name,
+        "concurrency": c,
+        "requests": sum(r.requests for r in runs),
+        "ttft_p50_ms": (pct(ttft, 50) or 0) * 1000,
+        "ttft_p99_ms": (pct(ttft, 99) or 0) * 1000,
+        "ttft_mean_ms": statistics.mean(ttft) * 1000 if ttft else None,
+        "events_per_token": events / tokens if tokens else None,
+        "tok_s": tokens / sum(r.wall_s for r in runs),
+        "errors": sum(r.errors for r in runs),
+    }
+
+
+if __name__ == "__main__":
+    main()
