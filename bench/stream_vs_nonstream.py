@@ -16,7 +16,9 @@ Prints a table last and writes JSON (with the server's peak RSS when this script
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import resource
 import subprocess
 import sys
 import threading
@@ -39,6 +41,23 @@ class Batch:
     tokens: int
     chunks: int = 0
     ttft_s: list[float] = field(default_factory=list)
+    client_cpu_s: float = 0.0  # CPU time this client process spent on the batch
+    server_cpu_s: float | None = None  # the started server's CPU time over the batch
+
+
+def client_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def process_cpu(pid: int | None) -> float | None:
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Server:
@@ -115,7 +134,9 @@ def one_request(client: openai.OpenAI, model: str, stream: bool, max_tokens: int
     return tokens or content_chunks, chunks, ttft
 
 
-def run_batch(clients: list[openai.OpenAI], model: str, stream: bool, max_tokens: int) -> Batch:
+def run_batch(
+    clients: list[openai.OpenAI], model: str, stream: bool, max_tokens: int, server_pid: int | None = None
+) -> Batch:
     results: list[tuple[int, int, float]] = [(0, 0, 0.0)] * len(clients)
     start = threading.Barrier(len(clients) + 1)
 
@@ -126,16 +147,26 @@ def run_batch(clients: list[openai.OpenAI], model: str, stream: bool, max_tokens
     threads = [threading.Thread(target=work, args=(i,)) for i in range(len(clients))]
     for t in threads:
         t.start()
+    c0, s0 = client_cpu(), process_cpu(server_pid)
     start.wait()
     t0 = time.perf_counter()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    return Batch(wall, sum(r[0] for r in results), sum(r[1] for r in results), [r[2] for r in results])
+    c1, s1 = client_cpu(), process_cpu(server_pid)
+    tokens, chunks = sum(r[0] for r in results), sum(r[1] for r in results)
+    server = s1 - s0 if s0 is not None and s1 is not None else None
+    return Batch(wall, tokens, chunks, [r[2] for r in results], c1 - c0, server)
 
 
 def measure(
-    base_url: str, model: str, api_key: str, concurrency: int, runs: int, max_tokens: int
+    base_url: str,
+    model: str,
+    api_key: str,
+    concurrency: int,
+    runs: int,
+    max_tokens: int,
+    server_pid: int | None = None,
 ) -> dict[str, Any]:
     clients = [
         openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=600)
@@ -147,10 +178,18 @@ def measure(
     streamed: list[Batch] = []
     for i in range(runs):  # ABBA order: neither mode always goes first (prefix cache, drift)
         for stream in (False, True) if i % 2 == 0 else (True, False):
-            (streamed if stream else plain).append(run_batch(clients, model, stream, max_tokens))
+            batch = run_batch(clients, model, stream, max_tokens, server_pid)
+            (streamed if stream else plain).append(batch)
     p_rate = sum(b.tokens for b in plain) / sum(b.wall_s for b in plain)
     s_rate = sum(b.tokens for b in streamed) / sum(b.wall_s for b in streamed)
     ttfts = [t for b in streamed for t in b.ttft_s]
+
+    def cpu_ms_per_token(batches: list[Batch], side: str) -> float | None:
+        values = [getattr(b, side) for b in batches]
+        if any(v is None for v in values):
+            return None
+        return 1000 * sum(values) / max(1, sum(b.tokens for b in batches))
+
     return {
         "concurrency": concurrency,
         "runs": runs,
@@ -160,8 +199,22 @@ def measure(
         "ratio": s_rate / p_rate,
         "stream_chunks_per_token": sum(b.chunks for b in streamed) / max(1, sum(b.tokens for b in streamed)),
         "stream_mean_ttft_s": sum(ttfts) / len(ttfts),
+        "client_cpu_ms_per_token": {
+            "nonstream": cpu_ms_per_token(plain, "client_cpu_s"),
+            "stream": cpu_ms_per_token(streamed, "client_cpu_s"),
+        },
+        "server_cpu_ms_per_token": {
+            "nonstream": cpu_ms_per_token(plain, "server_cpu_s"),
+            "stream": cpu_ms_per_token(streamed, "server_cpu_s"),
+        },
         "batches": {"nonstream": [asdict(b) for b in plain], "stream": [asdict(b) for b in streamed]},
     }
+
+
+def _pair(d: dict[str, float | None]) -> str:
+    if d["nonstream"] is None or d["stream"] is None:
+        return "-"
+    return f"{d['nonstream']:.2f} | {d['stream']:.2f}"
 
 
 def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -172,6 +225,8 @@ def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "stream tok/s": r["stream_tok_s"],
             "ratio": r["ratio"],
             "stream TTFT ms": r["stream_mean_ttft_s"] * 1000,
+            "client CPU ms/tok N|S": _pair(r["client_cpu_ms_per_token"]),
+            "server CPU ms/tok N|S": _pair(r["server_cpu_ms_per_token"]),
         }
         for r in rows
     ]
@@ -189,6 +244,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="batches per mode and concurrency")
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--out", default="bench/out/stream_vs_nonstream.json")
+    ap.add_argument(
+        "--client-idle",
+        action="store_true",
+        help="run this client under SCHED_IDLE (Linux; after starting the server): it then only gets "
+        "CPU the server leaves idle, as a client on another machine would take none",
+    )
     args = ap.parse_args()
 
     server = None
@@ -199,21 +260,31 @@ def main() -> None:
         base_url, model = f"http://127.0.0.1:{server.port}/v1", model or server.model
     if model is None:
         model = openai.OpenAI(base_url=base_url, api_key=args.api_key).models.list().data[0].id
+    if args.client_idle:  # after the server started: it keeps its own policy; threads inherit this
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     rows = []
     try:
         for c in args.concurrency:
             print(f"concurrency {c} ...", file=sys.stderr)
-            rows.append(measure(base_url, model, args.api_key, c, args.runs, args.max_tokens))
+            pid = server.proc.pid if server else None
+            rows.append(measure(base_url, model, args.api_key, c, args.runs, args.max_tokens, pid))
     finally:
         rss = server.peak_rss_mib() if server else None
         if server:
             server.stop()
-    result = {"base_url": base_url, "model": model, "server_sets": args.sets, "server_peak_rss_mib": rss}
+    result = {
+        "base_url": base_url,
+        "model": model,
+        "server_sets": args.sets,
+        "client_idle": args.client_idle,
+        "server_peak_rss_mib": rss,
+    }
     write_json(args.out, {**result, "rows": rows})
     print(f"model {model}; {args.max_tokens} tokens per request, greedy, ignore_eos; JSON: {args.out}")
     if rss is not None:
         print(f"server peak RSS: {rss:.0f} MiB")
     cols = ["concurrency", "non-stream tok/s", "stream tok/s", "ratio", "stream TTFT ms"]
+    cols += ["client CPU ms/tok N|S", "server CPU ms/tok N|S"]
     print(table(summary_rows(rows), cols))
 
 

@@ -145,7 +145,7 @@ class ServerConfig:
     max_n: int = 16
     request_timeout_s: float | None = None  # per-request deadline; None = none
     drain_timeout_s: float = 30.0
-    loop_nice: int = 5  # the event loop thread's nice increment: the engine thread goes first
+    loop_nice: int = 0  # the event loop thread's nice increment (Linux); see http/process_tuning.py
 
     def __post_init__(self) -> None:
         _check(0 <= self.loop_nice <= 19, "server.loop_nice", "must be in 0..19")

@@ -3,11 +3,13 @@
 - The heap is frozen (`gc.freeze`): the model, the tokenizer's tables and everything else built
   at load time live as long as the process, and a full collection would walk all of them. Frozen,
   they are skipped; collections only see request-time objects (shorter pauses on both threads).
-- The event loop's thread gets a lower CPU priority (`server.loop_nice`). Engine thread and loop
-  share the cores; when both are runnable the engine should win, because a late engine step
-  delays every stream, while a late event write only merges tokens into the next event (the
-  dispatcher takes everything that piled up at once). Linux only: there `setpriority` on a
-  thread id renices that thread alone. Raising nice needs no privileges.
+- Optionally (`server.loop_nice` > 0) the event loop's thread gets a lower CPU priority, so that
+  when engine thread and loop are both runnable the engine wins. Linux only: there `setpriority`
+  on a thread id renices that thread alone; raising nice needs no privileges. Off by default, on
+  measurement (bench/RESULTS.md): with the null engine (a GIL-light engine thread) nice 5 made
+  256 streams ~7 % faster, but with torch's two OpenMP threads on two cores it cost ~10 % at 8
+  streams — priority inversion: the niced loop, starved by the OpenMP threads while it holds the
+  GIL, holds up the engine thread's next op dispatch.
 """
 
 from __future__ import annotations
