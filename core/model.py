@@ -18,7 +18,7 @@ from torch import nn
 
 from .attention import AttentionBackend, AttentionMetadata
 from .model_arch import ModelArch
-from .quant_int4 import Int4Weight, lin, quantize_module_weights
+from .quant_int4 import Int8Weight, lin, quantize_module_weights
 from .rope import RotaryEmbedding, apply_rope
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(arch, backend, dtype) for _ in range(arch.num_layers))
         self.norm = _param((h,), dtype)
         self.lm_head = None if arch.tie_word_embeddings else _param((vocab, h), dtype)
-        self.int4_head: Int4Weight | None = None  # set by quantize_int4()
+        self.int4_head: Int8Weight | None = None  # set by quantize_int4() (an int8 head, see there)
         # cos/sin are computed in fp32 and stored in the model dtype, as HF casts them to the input's
         self.rope = RotaryEmbedding(
             arch.head_dim,
@@ -165,17 +165,18 @@ class DecoderModel(nn.Module):
         return t
 
     def quantize_int4(self) -> None:
-        """CPU decode speed: every projection and the LM head to weight-only int4 (bf16 activations).
+        """CPU decode speed: every projection to weight-only int4, the LM head to int8 (bf16
+        activations; an int4 head changed greedy answers, see Int8Weight).
 
         Call after the weights are loaded, on a bf16 model. The embedding table stays dense (a step
-        reads one row of it per token); with tied embeddings the head gets its own int4 copy.
+        reads one row of it per token); with tied embeddings the head gets its own int8 copy.
         """
         if self.embed_tokens.dtype != torch.bfloat16:
             raise ValueError("int4 weights need a bfloat16 model (activations run in bf16)")
         for layer in self.layers:
             quantize_module_weights(layer, ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"))
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        self.int4_head = Int4Weight(head.data)
+        self.int4_head = Int8Weight(head.data)
         if self.lm_head is not None:
             del self.lm_head
             self.lm_head = None

@@ -49,8 +49,32 @@ class Int4Weight(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
 
-def lin(x: torch.Tensor, w: torch.Tensor | Int4Weight, b: torch.Tensor | None = None) -> torch.Tensor:
-    if isinstance(w, Int4Weight):
+class Int8Weight(nn.Module):
+    """Weight-only int8 with one scale per output row, for the LM head.
+
+    The head of the default GGUF comes from its Q8_0 token embedding: re-quantized to int4 it lost
+    enough to change greedy answers ("What is the capital of France?" stopped saying Paris, while
+    bf16 kept it); per-row int8 keeps it and still reads half the bytes of bf16.
+    """
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        w = weight.detach().float()  # [N, K]
+        scale = (w.abs().amax(1) / 127).clamp(min=1e-12)  # [N]
+        self.out_features, self.in_features = w.shape
+        self.register_buffer("codes", (w / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8))
+        self.register_buffer("scales", scale.to(torch.bfloat16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] bf16 -> [..., N] bf16
+        flat = x.reshape(-1, self.in_features)
+        y = torch.ops.aten._weight_int8pack_mm(flat, self.codes, self.scales)
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def lin(
+    x: torch.Tensor, w: torch.Tensor | Int4Weight | Int8Weight, b: torch.Tensor | None = None
+) -> torch.Tensor:
+    if isinstance(w, Int4Weight | Int8Weight):
         y = w(x)
         return y if b is None else y + b
     return F.linear(x, w, b)

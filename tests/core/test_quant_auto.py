@@ -153,4 +153,10 @@ def test_default_config_engine_runs_int4(caplog: pytest.LogCaptureFixture) -> No
         assert isinstance(model.layers[0].qkv_weight, Int4Weight) and model.int4_head is not None
         out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=2, temperature=0.0))
         assert out[0].outputs[0].text.strip().startswith("Paris")
+        # A chat answer that an int4 LM head (re-quantized from the Q8_0 embedding) got wrong.
+        chat = llm.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "What is the capital of France?"}]
+        )
+        out = llm.generate([chat], SamplingParams(max_tokens=12, temperature=0.0))
+        assert "Paris" in out[0].outputs[0].text
     assert any("quantization auto -> int4" in r.getMessage() for r in caplog.records)

@@ -7,7 +7,7 @@ import torch
 from rillet.core.config import ConfigError, config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.model_loader import resolve_dtype
-from rillet.core.quant_int4 import GROUP, Int4Weight, int4_supported, lin
+from rillet.core.quant_int4 import GROUP, Int4Weight, Int8Weight, int4_supported, lin
 from rillet.core.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(not int4_supported(), reason="no CPU int4 kernel in this torch")
@@ -30,6 +30,18 @@ def test_int4_is_lossless_on_q4_1_groups() -> None:
     got = Int4Weight(w)(x).float()
     # only bf16 activations/accumulation separate them; a wrong code would be off by d * |x|
     assert torch.allclose(got, want, atol=2e-2, rtol=2e-2)
+
+
+def test_int8_head_is_within_a_quarter_step_per_weight() -> None:
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(256, 64, generator=g) * 0.05
+    x = torch.randn(2, 64, generator=g).bfloat16()
+    head = Int8Weight(w)
+    want = x.float() @ w.t()
+    step = w.abs().amax(1) / 127  # [N]: one int8 step per row
+    bound = (0.5 * step[None, :] + 0.01 * w.abs().amax(1)[None, :]) * x.float().abs().sum(1, keepdim=True)
+    assert ((head(x).float() - want).abs() <= bound + 2e-2).all()
+    assert torch.allclose(lin(x, head).float(), head(x).float())
 
 
 def test_lin_dispatches_and_adds_bias() -> None:
