@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,6 @@ def served_model(url: str, wanted: str) -> str:
     """`auto` = the first model the endpoint lists."""
     if wanted != "auto":
         return wanted
-    import json
     import urllib.request
 
     with urllib.request.urlopen(url.rstrip("/") + "/models", timeout=10) as r:
@@ -108,6 +108,12 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2, help="requests per level = concurrency x rounds")
     ap.add_argument("--min-requests", type=int, default=4)
+    ap.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        help="a previous run's JSON: its rows for endpoints not measured now join the table and plot",
+    )
     ap.add_argument("--out", default="bench/out/serve_sweep.json")
     a = ap.parse_args()
     count = token_counter()
@@ -120,6 +126,10 @@ def main() -> None:
             rss["rillet"] = srv.peak_rss_mib()
     for name, url in endpoints:
         rows += asyncio.run(sweep(name, url, a, count))
+    for path in a.include:
+        measured = {r["endpoint"] for r in rows}
+        old = json.loads(Path(path).read_text())
+        rows += [{**r, "from": path} for r in old["rows"] if r["endpoint"] not in measured]
     png = str(Path(a.out).with_suffix(".png"))
     plot(rows, png)
     write_json(a.out, {"rows": rows, "server_peak_rss_mib": rss, "plot": png, "max_tokens": a.max_tokens})

@@ -5,7 +5,8 @@ speed. Each group of 32 input-channel weights keeps a scale and a zero point (bf
 q in [0, 15]; w = (q - 8) * scale + zero, torch's `_weight_int4pack_mm_for_cpu` layout. The codes
 come from min/max rounding per group, which is lossless for weights that came from a GGUF Q4_1
 file: Q4_1 itself maps each block's min to q = 0 and max to q = 15 (x = q * d + min), so the
-same (d, min) and codes come back; only d and min are rounded to bf16.
+same (d, min) and codes come back; only d and min are rounded to bf16. The LM head is not a Q4_1
+tensor in the default file (it is the Q8_0 embedding): it gets per-row int8 (`Int8Weight`).
 """
 
 from __future__ import annotations
