@@ -178,6 +178,7 @@ def load_gguf(
     dtype: torch.dtype = torch.float32,
     cache_dir: str | Path | None = None,
     use_cache: bool | None = None,
+    header: GGUFFile | None = None,
 ) -> tuple[ModelArch, Iterator[tuple[str, torch.Tensor]]]:
     """-> (architecture, single-pass iterator of (HF name, tensor in `dtype`)), in file order.
 
@@ -185,7 +186,8 @@ def load_gguf(
     True / False; None (auto) reads an existing entry but writes one only when the file holds a
     tensor type that core/dequant.py leaves to gguf's slow numpy path (K-quants, ...): for the
     fast types, converting (~0.6 s CPU for SmolLM2-135M) costs about what reading the cache
-    does, so a cache would only spend disk (540 MB in float32).
+    does, so a cache would only spend disk (540 MB in float32). `header`: the file already parsed
+    by the caller (read_gguf), so it is not parsed twice.
     """
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"dtype {dtype} is not supported (float32, bfloat16, float16)")
@@ -201,7 +203,7 @@ def load_gguf(
         else:
             log.info("loading %s from the weights cache %s", source.name, entry_path)
             return arch, entry.tensors()
-    gguf = read_gguf(source)
+    gguf = header if header is not None else read_gguf(source)
     arch = arch_from_gguf(gguf)
     weights = iter_gguf_weights(gguf, arch, dtype)
     if use_cache is None:

@@ -21,6 +21,7 @@ from .block_manager import BlockManager
 from .config import ConfigError, RilletConfig
 from .default_model import default_model_path
 from .detokenizer import IncrementalDetokenizer
+from .gguf_file import GGUFFile, read_gguf
 from .model import DecoderModel, allocate_kv_cache, build_model
 from .model_arch import ModelArch
 from .model_runner import DecoderGraphAdapter, ModelRunner, Runner, SyntheticRunner
@@ -76,7 +77,10 @@ def resolve_model(cfg: RilletConfig) -> tuple[str, Path | None]:
     return kind, path
 
 
-def load_tokenizer(kind: str, path: Path | None) -> Tokenizer:
+def load_tokenizer(kind: str, path: Path | None, header: GGUFFile | None = None) -> Tokenizer:
+    """`header`: the GGUF at `path`, when the caller has parsed it already."""
+    if header is not None:
+        return Tokenizer.from_gguf_metadata(header.metadata)
     if kind == "hf":
         assert path is not None
         if (path / "tokenizer.json").is_file():
@@ -92,17 +96,19 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
     if cfg.model.num_threads is not None:
         torch.set_num_threads(cfg.model.num_threads)
     kind, path = resolve_model(cfg)
-    quant = resolve_quantization(cfg.model, kind, path, device)
+    # One parse of a GGUF header serves the quantization choice, the tokenizer and the loader.
+    header = read_gguf(path) if kind == "gguf" and path is not None else None
+    quant = resolve_quantization(cfg.model, kind, header if header is not None else path, device)
     if cfg.model.quantization == "auto":
         log.info("quantization auto -> %s: %s", quant.quantization, quant.reason)
     dtype = resolve_dtype(cfg.model.dtype, device, quant.quantization)
     report("tokenizer", 0.0)
-    tokenizer = load_tokenizer(kind, path)
+    tokenizer = load_tokenizer(kind, path, header)
     name = cfg.model.served_name or _served_name(kind, path, cfg)
     if kind == "synthetic":
         return _synthetic_runtime(cfg, tokenizer, name, device, dtype, report)
     report("weights", 0.1)
-    arch, model = _load_model(cfg, kind, path, device, dtype, quant.quantization, report)
+    arch, model = _load_model(cfg, kind, path, header, device, dtype, quant.quantization, report)
     max_len = min(cfg.model.max_model_len or arch.max_position, arch.max_position)
     blocks = BlockManager(
         _num_blocks(cfg, arch, dtype, device), cfg.cache.block_size, cfg.cache.prefix_caching
@@ -213,6 +219,7 @@ def _load_model(
     cfg: RilletConfig,
     kind: str,
     path: Path | None,
+    header: GGUFFile | None,
     device: torch.device,
     dtype: torch.dtype,
     quantization: Quantization,
@@ -230,7 +237,7 @@ def _load_model(
     if kind == "gguf":
         from .loader_gguf import load_gguf
 
-        arch, weights = load_gguf(path, dtype, cache_dir=cfg.model.cache_dir)
+        arch, weights = load_gguf(path, dtype, cache_dir=cfg.model.cache_dir, header=header)
     else:
         from .loader_hf import load_hf_folder
 

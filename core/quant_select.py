@@ -41,8 +41,12 @@ class QuantChoice:
     reason: str  # one line for the log: why auto chose it ("set explicitly" otherwise)
 
 
-def resolve_quantization(cfg: ModelConfig, kind: str, path: Path | None, device: torch.device) -> QuantChoice:
-    """`model.quantization` with auto resolved; explicit none / int4 pass through unchanged."""
+def resolve_quantization(
+    cfg: ModelConfig, kind: str, source: Path | GGUFFile | None, device: torch.device
+) -> QuantChoice:
+    """`model.quantization` with auto resolved; explicit none / int4 pass through unchanged.
+
+    `source`: the model's path, or its GGUF header when the caller has parsed it already."""
     if cfg.quantization != "auto":
         return QuantChoice(cfg.quantization, "set explicitly")
     if device.type != "cpu":
@@ -51,9 +55,9 @@ def resolve_quantization(cfg: ModelConfig, kind: str, path: Path | None, device:
         return QuantChoice("none", "this torch build has no CPU int4 kernel")
     if cfg.dtype not in ("auto", "bfloat16"):
         return QuantChoice("none", f"model.dtype is {cfg.dtype} (int4 runs with bfloat16 activations)")
-    if kind != "gguf" or path is None:
+    if kind != "gguf" or source is None:
         return QuantChoice("none", f"a {kind} model has no quantized weights to keep")
-    return _from_gguf(read_gguf(path))
+    return _from_gguf(source if isinstance(source, GGUFFile) else read_gguf(source))
 
 
 def _layer_matrices(f: GGUFFile) -> list[GGUFTensorInfo]:
