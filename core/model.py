@@ -84,7 +84,7 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(arch, backend, dtype) for _ in range(arch.num_layers))
         self.norm = _param((h,), dtype)
         self.lm_head = None if arch.tie_word_embeddings else _param((vocab, h), dtype)
-        self.int4_head: Int8Weight | None = None  # set by quantize_int4() (an int8 head, see there)
+        self.quant_head: Int8Weight | None = None  # the LM head as int8, set by quantize_int4()
         # cos/sin are computed in fp32 and stored in the model dtype, as HF casts them to the input's
         self.rope = RotaryEmbedding(
             arch.head_dim,
@@ -111,7 +111,7 @@ class DecoderModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] (rows of `forward`'s output) -> float32 logits [N, V]."""
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        return lin(hidden, self.int4_head if self.int4_head is not None else head).float()
+        return lin(hidden, self.quant_head if self.quant_head is not None else head).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face Llama-named tensors into the fused parameters (casting dtype/device).
@@ -176,7 +176,7 @@ class DecoderModel(nn.Module):
         for layer in self.layers:
             quantize_module_weights(layer, ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"))
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        self.int4_head = Int8Weight(head.data)
+        self.quant_head = Int8Weight(head.data)
         if self.lm_head is not None:
             del self.lm_head
             self.lm_head = None

@@ -150,7 +150,7 @@ def test_default_config_engine_runs_int4(caplog: pytest.LogCaptureFixture) -> No
         rt = llm.engine.runtime
         assert (rt.quantization, rt.dtype) == ("int4", torch.bfloat16)
         model: Any = llm.engine.core.runner.model  # type: ignore[attr-defined]
-        assert isinstance(model.layers[0].qkv_weight, Int4Weight) and model.int4_head is not None
+        assert isinstance(model.layers[0].qkv_weight, Int4Weight) and model.quant_head is not None
         out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=2, temperature=0.0))
         assert out[0].outputs[0].text.strip().startswith("Paris")
         # A chat answer that an int4 LM head (re-quantized from the Q8_0 embedding) got wrong.
