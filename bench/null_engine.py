@@ -37,6 +37,19 @@ def counters(srv: RilletServer) -> tuple[float, float, float]:
     return steps, busy, tokens
 
 
+def null_engine_overrides(streams: int, tokens: int, step_ms: float = 5.0) -> list[str]:
+    """Config for the synthetic model serving `streams` requests of `tokens` tokens at once."""
+    return [
+        "model.kind=synthetic",
+        f"model.synthetic_step_ms={step_ms}",
+        f"scheduler.max_num_seqs={streams}",
+        f"scheduler.max_num_batched_tokens={max(2048, streams * 64)}",
+        f"scheduler.max_waiting={max(1024, 2 * streams)}",
+        f"cache.num_blocks={streams * (-(-(tokens + 64) // 16)) + 64}",  # every stream fits (16-token blocks)
+        "logging.level=WARNING",
+    ]
+
+
 def level(srv: RilletServer, streams: int, tokens: int, stream: bool) -> dict[str, Any]:
     start: list[tuple[float, float, float]] = []
     res = asyncio.run(
@@ -93,16 +106,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench/out/null_engine.json")
     a = ap.parse_args()
     top = max(a.streams)
-    overrides = [
-        "model.kind=synthetic",
-        f"model.synthetic_step_ms={a.step_ms}",
-        f"scheduler.max_num_seqs={top}",
-        f"scheduler.max_num_batched_tokens={max(2048, top * 64)}",
-        f"scheduler.max_waiting={max(1024, 2 * top)}",
-        f"cache.num_blocks={top * (-(-(a.tokens + 64) // 16)) + 64}",  # every stream fits (16-token blocks)
-        "logging.level=WARNING",
-        *a.set,
-    ]
+    overrides = [*null_engine_overrides(top, a.tokens, a.step_ms), *a.set]
     rows = []
     with RilletServer(overrides) as srv:
         asyncio.run(run_level(srv.base_url, "synthetic", 4, 8, 16, True))  # warm-up

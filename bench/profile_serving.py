@@ -23,20 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import run_level
+from null_engine import null_engine_overrides
 from serve_sweep import served_model
 from server_proc import RilletServer
-
-
-def null_engine_overrides(streams: int, tokens: int) -> list[str]:
-    return [
-        "model.kind=synthetic",
-        "model.synthetic_step_ms=5",
-        f"scheduler.max_num_seqs={streams}",
-        f"scheduler.max_num_batched_tokens={max(2048, streams * 64)}",
-        f"scheduler.max_waiting={max(1024, 2 * streams)}",
-        f"cache.num_blocks={streams * (-(-(tokens + 64) // 16)) + 64}",
-        "logging.level=WARNING",
-    ]
 
 
 def summarize(raw: Path, top: int) -> str:

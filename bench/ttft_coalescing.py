@@ -23,6 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import table, write_json
 from loadgen import LevelResult, pct, run_level
+from serve_sweep import served_model
 from server_proc import RilletServer
 
 MODES = {"default": [], "off": ["stream.max_tokens_per_event=1"], "control": []}
@@ -41,8 +42,9 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         servers = {name: stack.enter_context(RilletServer([*a.set, *sets])) for name, sets in MODES.items()}
         names = list(servers)
-        for srv in servers.values():  # warm-up: first requests pay one-time costs
-            asyncio.run(run_level(srv.base_url, model_of(srv), 2, 4, 8, True))
+        models = {name: served_model(srv.base_url, "auto") for name, srv in servers.items()}
+        for name, srv in servers.items():  # warm-up: first requests pay one-time costs
+            asyncio.run(run_level(srv.base_url, models[name], 2, 4, 8, True))
         for c in a.concurrency:
             got: dict[str, list[LevelResult]] = {name: [] for name in names}
             for r in range(a.rounds):
@@ -50,9 +52,8 @@ def main() -> None:
                     url = servers[name].base_url
                     # Fresh prompts per round (each server sees them once): no prefix-cache hits.
                     prompt = f"Write a long story about a lighthouse keeper, take {c}-{r}."
-                    model = model_of(servers[name])
                     n = c * a.requests
-                    level = run_level(url, model, c, n, a.max_tokens, True, prompt=prompt, warm=True)
+                    level = run_level(url, models[name], c, n, a.max_tokens, True, prompt=prompt, warm=True)
                     got[name].append(asyncio.run(level))
             level_rows = {name: row(name, c, got[name]) for name in names}
             off = level_rows["off"]["ttft_p50_ms"]
@@ -75,14 +76,6 @@ def main() -> None:
         "ttft_p50_vs_off",
     ]
     print(table(rows, [*cols, "events_per_token", "tok_s", "errors"]))
-
-
-def model_of(srv: RilletServer) -> str:
-    import json
-    import urllib.request
-
-    with urllib.request.urlopen(srv.base_url + "/models", timeout=10) as r:
-        return str(json.loads(r.read())["data"][0]["id"])
 
 
 def row(name: str, c: int, runs: list[LevelResult]) -> dict[str, Any]:
