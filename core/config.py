@@ -124,8 +124,15 @@ class StreamConfig:
     max_delay_ms: float = 0.0
     ring_capacity: int = 4096  # engine -> event loop ring slots (one slot per engine step)
     max_buffered_tokens: int = 8192  # per-stream bound; a reader that falls further behind is cut off
+    # Before each model run the engine waits (at most handoff_timeout_ms) until the event loop has
+    # routed and written the previous step's tokens, so the loop never competes with the model's
+    # threads for CPU cores. auto = on when the model runs on CPU (not for the synthetic model,
+    # nor on CUDA, where the loop's work overlaps the GPU's instead).
+    handoff: Literal["auto", "on", "off"] = "auto"
+    handoff_timeout_ms: float = 5.0
 
     def __post_init__(self) -> None:
+        _check(self.handoff_timeout_ms > 0, "stream.handoff_timeout_ms", "must be > 0")
         _check(self.max_tokens_per_event >= 1, "stream.max_tokens_per_event", "must be >= 1")
         _check(self.max_delay_ms >= 0, "stream.max_delay_ms", "must be >= 0")
         cap = self.ring_capacity

@@ -67,6 +67,14 @@ class EngineStats:
 _InboxItem = list[Sequence] | str
 
 
+def resolve_handoff(cfg: RilletConfig, device_type: str) -> float | None:
+    """Seconds the engine may wait for the consumer before a model run (None = it never waits)."""
+    mode = cfg.stream.handoff
+    if mode == "auto":
+        mode = "on" if device_type == "cpu" and cfg.model.kind != "synthetic" else "off"
+    return cfg.stream.handoff_timeout_ms / 1000 if mode == "on" else None
+
+
 class Engine:
     def __init__(self, cfg: RilletConfig, progress: Callable[[str, float], None] | None = None) -> None:
         self.cfg = cfg
@@ -104,6 +112,9 @@ class Engine:
         self.model_name = rt.model_name
         self.max_model_len = rt.max_model_len
         self.core = EngineCore(rt.scheduler, rt.runner, rt.make_detokenizer, rt.max_model_len)
+        self.handoff_s = resolve_handoff(self.cfg, rt.device.type)
+        state = "off" if self.handoff_s is None else f"on (<= {self.handoff_s * 1000:g} ms)"
+        log.info("stream handoff: %s", state)
 
     def _main(self, progress: Callable[[str, float], None] | None) -> None:
         try:
@@ -203,10 +214,17 @@ class Engine:
         # A step's output is published when the next step starts its model run (see
         # EngineCore.step's `before_run`), or at once when no next step follows.
         held: list[StepOutput] = []
+        ring, handoff_s = self.ring, self.handoff_s
+        handoff_timeout = handoff_s or 0.0
 
         def publish() -> None:
             if held:
-                self.ring.push(held.pop())
+                ring.push(held.pop())
+
+        def publish_and_hand_off() -> None:  # before a model run: see stream.handoff
+            if held:
+                ring.push(held.pop())
+                ring.wait_released(handoff_timeout)
 
         try:
             while not self._stop:
@@ -219,7 +237,7 @@ class Engine:
                     self._wake.clear()
                     continue
                 t0 = time.perf_counter()
-                out = self.core.step(publish)
+                out = self.core.step(publish if handoff_s is None else publish_and_hand_off)
                 publish()  # not called when nothing was scheduled
                 if aborted:
                     out = StepOutput(self.core.steps, aborted.deltas + (out.deltas if out else []))

@@ -9,10 +9,18 @@ Wake-ups: the consumer raises `_waiting` *before* its final emptiness check and 
 producer pushes *then* reads `_waiting`. Either the producer sees the flag, or the consumer sees
 the item, so no wake-up is lost, and the producer clears the flag so one wait gets one wake-up:
 at most one cross-thread notification per engine step, none while the consumer is busy.
+
+Handoff (optional, for CPU serving): a consumer that promises to call `release()` once it has
+*handled* what it popped (routed it, written it to sockets) says so with `set_notifier(...,
+releases=True)`. The producer may then `wait_released()` before its next model run, so the
+consumer's work happens between model runs instead of stealing cores from the model's threads.
+Same flag-then-check pattern as the wake-up: the producer raises `_release_waiting` before its
+last check of `_released`; the consumer stores `_released` before it reads the flag.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -36,6 +44,10 @@ class SpscRing(Generic[T]):
         self._waiting = False  # consumer is (about to be) asleep
         self._notify: Callable[[], None] | None = None
         self._closed = False
+        self._releases = False  # the consumer calls release() after handling what it popped
+        self._released = 0  # items handled by the consumer; consumer only
+        self._release_waiting = False  # producer is (about to be) blocked in wait_released
+        self._release_event = threading.Event()
         self.wakeups = 0  # notifications sent (a counter for tests and metrics)
         self.full_waits = 0  # times the producer found the ring full
 
@@ -46,12 +58,21 @@ class SpscRing(Generic[T]):
     def __len__(self) -> int:
         return self._head - self._tail
 
-    def set_notifier(self, notify: Callable[[], None] | None) -> None:
-        """`notify` is called from the producer thread; it must be thread-safe and cheap."""
+    def set_notifier(self, notify: Callable[[], None] | None, releases: bool = False) -> None:
+        """`notify` is called from the producer thread; it must be thread-safe and cheap.
+        `releases`: this consumer calls `release()` after handling each batch it pops."""
         self._notify = notify
+        self._releases = releases and notify is not None
+        if not self._releases:
+            self._release_event.set()  # a producer blocked in wait_released goes on
+
+    @property
+    def consumer_releases(self) -> bool:
+        return self._releases
 
     def close(self) -> None:
         self._closed = True
+        self._release_event.set()
 
     # ---- producer side ----------------------------------------------------------------------
     def try_push(self, item: T) -> bool:
@@ -83,6 +104,26 @@ class SpscRing(Generic[T]):
             time.sleep(delay)
             delay = min(delay * 2, 1e-3)
 
+    def wait_released(self, timeout: float) -> bool:
+        """Blocks until the consumer has released everything pushed so far (or `timeout` s pass,
+        or it stops releasing). True when released; at once if the consumer does not release."""
+        target = self._head
+        if not self._releases or self._released >= target:
+            return True
+        deadline = time.monotonic() + timeout
+        event = self._release_event
+        while True:
+            event.clear()
+            self._release_waiting = True
+            if not self._releases or self._released >= target or self._closed:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            event.wait(left)  # a stale set() from an earlier wait only costs one more turn
+        self._release_waiting = False
+        return self._released >= target
+
     # ---- consumer side ----------------------------------------------------------------------
     def pop_all(self) -> list[T]:
         """Everything pushed so far, oldest first; frees the slots."""
@@ -108,3 +149,10 @@ class SpscRing(Generic[T]):
 
     def cancel_wait(self) -> None:
         self._waiting = False
+
+    def release(self) -> None:
+        """Everything popped so far has been handled: a producer in `wait_released` may go on."""
+        self._released = self._tail
+        if self._release_waiting:
+            self._release_waiting = False
+            self._release_event.set()

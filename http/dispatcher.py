@@ -5,7 +5,8 @@ parks on `_event`; the engine thread, after a push, sees the flag and calls the 
 schedules `_event.set` on the loop. So a cross-thread wake-up happens at most once per engine step
 and never while the dispatcher is busy; everything that piled up meanwhile is taken by one
 `pop_all`. After routing, the dispatcher yields once so the writers it woke run before it looks
-at the ring again.
+at the ring again; then it releases the ring, which lets an engine that hands off (see
+`stream.handoff`) start its next model run.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class Dispatcher:
         def notify() -> None:  # engine thread; once per wait at most (see the ring)
             loop.call_soon_threadsafe(event.set)
 
-        self._ring.set_notifier(notify)
+        self._ring.set_notifier(notify, releases=True)
 
     def detach(self) -> None:
         self._ring.set_notifier(None)
@@ -84,7 +85,8 @@ class Dispatcher:
             outs = ring.pop_all()
             if outs:
                 self.route(outs)
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # the writers woken by route run here
+                ring.release()  # an engine waiting to hand off (stream.handoff) may run its model
                 continue
             event.clear()
             if ring.prepare_wait():

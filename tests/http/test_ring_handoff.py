@@ -1,0 +1,122 @@
+"""The handoff (stream.handoff): a producer may wait until the consumer has *handled* what it took."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from rillet.core.outputs import SeqDelta, StepOutput
+from rillet.core.ring import SpscRing
+from rillet.http.dispatcher import Dispatcher
+from rillet.http.stream_state import RequestStream
+
+
+def _step(i: int) -> StepOutput:
+    return StepOutput(i, [SeqDelta("r", 0, [7], "x", None, None, 3, 0, i)])
+
+
+def _waiter(ring: SpscRing[int], timeout: float) -> tuple[threading.Thread, list[tuple[bool, float]]]:
+    result: list[tuple[bool, float]] = []
+
+    def wait() -> None:
+        t0 = time.monotonic()
+        ok = ring.wait_released(timeout)
+        result.append((ok, time.monotonic() - t0))
+
+    t = threading.Thread(target=wait)
+    t.start()
+    return t, result
+
+
+def test_a_consumer_that_does_not_release_never_blocks_the_producer() -> None:
+    ring: SpscRing[int] = SpscRing(8)
+    ring.set_notifier(lambda: None)  # releases=False: the offline LLM's consumer, tests
+    ring.push(1)
+    t0 = time.monotonic()
+    assert ring.wait_released(5.0) and time.monotonic() - t0 < 0.5
+    ring.set_notifier(None, releases=True)  # no consumer attached: nobody would release
+    assert not ring.consumer_releases and ring.wait_released(5.0)
+
+
+def test_the_producer_waits_until_release_not_just_pop() -> None:
+    ring: SpscRing[int] = SpscRing(8)
+    ring.set_notifier(lambda: None, releases=True)
+    ring.push(1)
+    t, result = _waiter(ring, 5.0)
+    assert ring.pop_all() == [1]
+    time.sleep(0.05)
+    assert not result  # popped, not yet handled
+    ring.release()
+    t.join(2)
+    assert result and result[0][0] and result[0][1] < 2
+    assert ring.wait_released(5.0)  # nothing new since: at once
+
+
+def test_release_covers_only_what_was_popped() -> None:
+    ring: SpscRing[int] = SpscRing(8)
+    ring.set_notifier(lambda: None, releases=True)
+    ring.push(1)
+    ring.pop_all()
+    ring.push(2)  # pushed after the pop: the release below does not cover it
+    ring.release()
+    assert not ring.wait_released(0.02)
+    ring.pop_all()
+    ring.release()
+    assert ring.wait_released(0.02)
+
+
+def test_the_wait_is_bounded_and_ends_on_close_or_detach() -> None:
+    ring: SpscRing[int] = SpscRing(8)
+    ring.set_notifier(lambda: None, releases=True)
+    ring.push(1)
+    t, result = _waiter(ring, 0.05)
+    t.join(2)
+    assert result[0][0] is False and 0.04 < result[0][1] < 1.0  # timed out: the engine goes on
+    t, result = _waiter(ring, 30.0)
+    time.sleep(0.02)
+    ring.set_notifier(None)  # the dispatcher detached: nobody will release
+    t.join(2)
+    assert result and result[0][1] < 2
+    ring.set_notifier(lambda: None, releases=True)
+    ring.push(2)
+    t, result = _waiter(ring, 30.0)
+    time.sleep(0.02)
+    ring.close()
+    t.join(2)
+    assert result and result[0][1] < 2
+
+
+def test_the_dispatcher_releases_after_routing_and_the_writers_ran() -> None:
+    async def scenario() -> list[str]:
+        ring: SpscRing[StepOutput] = SpscRing(16)
+        disp = Dispatcher(ring, lambda rid: None, 10_000)
+        stream = RequestStream("r", 1)
+        disp.register("r", stream)
+        disp.attach(asyncio.get_running_loop())
+        assert ring.consumer_releases
+        task = asyncio.create_task(disp.run())
+        events: list[str] = []
+
+        async def writer() -> None:  # a woken request coroutine: must run before the release
+            await stream.wait()
+            events.append(f"writer {len(stream.take())}")
+
+        wtask = asyncio.create_task(writer())
+        await asyncio.sleep(0.01)
+
+        def engine() -> None:
+            ring.push(_step(1))
+            ring.wait_released(5.0)
+            events.append("released")
+
+        t = threading.Thread(target=engine)
+        t.start()
+        while t.is_alive():
+            await asyncio.sleep(0.001)
+        await wtask
+        task.cancel()
+        disp.detach()
+        return events
+
+    assert asyncio.run(scenario()) == ["writer 1", "released"]
