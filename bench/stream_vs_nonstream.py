@@ -16,10 +16,10 @@ Prints a table last and writes JSON (with the server's peak RSS when this script
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-import re
 import resource
-import subprocess
+import statistics
 import sys
 import threading
 import time
@@ -31,6 +31,7 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import table, write_json
+from server_proc import RilletServer
 
 PROMPT = "What is the meaning of life?"
 
@@ -43,6 +44,7 @@ class Batch:
     ttft_s: list[float] = field(default_factory=list)
     client_cpu_s: float = 0.0  # CPU time this client process spent on the batch
     server_cpu_s: float | None = None  # the started server's CPU time over the batch
+    loop_cpu_s: float | None = None  # ... of which its event loop thread (HTTP, SSE, routing)
 
 
 def client_cpu() -> float:
@@ -50,57 +52,20 @@ def client_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def process_cpu(pid: int | None) -> float | None:
+def process_cpu(pid: int | None, task: int | None = None) -> float | None:
+    """CPU seconds of a process, or of one of its threads (`task`: a thread id)."""
     if pid is None:
         return None
+    path = f"/proc/{pid}/stat" if task is None else f"/proc/{pid}/task/{task}/stat"
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-class Server:
-    """`rillet serve` on a free port, for the length of the benchmark."""
-
-    def __init__(self, sets: list[str]) -> None:
-        exe = Path(sys.executable).with_name("rillet")
-        args = [str(exe), "serve", "--port", "0"]
-        for s in sets:
-            args += ["--set", s]
-        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
-        self.port = 0
-        self.model = ""
-        self.log: list[str] = []
-        ready = threading.Event()
-        threading.Thread(target=self._read, args=(ready,), daemon=True).start()
-        if not ready.wait(600) or self.proc.poll() is not None:
-            raise SystemExit("server did not start:\n" + "".join(self.log[-30:]))
-
-    def _read(self, ready: threading.Event) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.log.append(line)
-            if m := re.search(r"listening on http://[^:]+:(\d+)", line):
-                self.port = int(m.group(1))
-            if m := re.search(r"ready: serving '([^']+)'", line):
-                self.model = m.group(1)
-                ready.set()
-
-    def peak_rss_mib(self) -> float | None:
-        try:
-            status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        except OSError:
-            return None
-        m = re.search(r"VmHWM:\s+(\d+) kB", status)
-        return int(m.group(1)) / 1024 if m else None
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+def _delta(a: float | None, b: float | None) -> float | None:
+    return b - a if a is not None and b is not None else None
 
 
 def one_request(client: openai.OpenAI, model: str, stream: bool, max_tokens: int) -> tuple[int, int, float]:
@@ -147,16 +112,16 @@ def run_batch(
     threads = [threading.Thread(target=work, args=(i,)) for i in range(len(clients))]
     for t in threads:
         t.start()
-    c0, s0 = client_cpu(), process_cpu(server_pid)
+    # `rillet serve` runs its event loop on the main thread: thread id == process id.
+    c0, s0, l0 = client_cpu(), process_cpu(server_pid), process_cpu(server_pid, server_pid)
     start.wait()
     t0 = time.perf_counter()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    c1, s1 = client_cpu(), process_cpu(server_pid)
+    c1, s1, l1 = client_cpu(), process_cpu(server_pid), process_cpu(server_pid, server_pid)
     tokens, chunks = sum(r[0] for r in results), sum(r[1] for r in results)
-    server = s1 - s0 if s0 is not None and s1 is not None else None
-    return Batch(wall, tokens, chunks, [r[2] for r in results], c1 - c0, server)
+    return Batch(wall, tokens, chunks, [r[2] for r in results], c1 - c0, _delta(s0, s1), _delta(l0, l1))
 
 
 def measure(
@@ -183,6 +148,9 @@ def measure(
     p_rate = sum(b.tokens for b in plain) / sum(b.wall_s for b in plain)
     s_rate = sum(b.tokens for b in streamed) / sum(b.wall_s for b in streamed)
     ttfts = [t for b in streamed for t in b.ttft_s]
+    # Batch i of each mode ran back to back (ABBA), so their ratio cancels slow drift of the
+    # machine's speed, which on a shared 2-core VM is ~10 % from one batch to the next.
+    pairs = [(s.tokens / s.wall_s) / (p.tokens / p.wall_s) for p, s in zip(plain, streamed, strict=True)]
 
     def cpu_ms_per_token(batches: list[Batch], side: str) -> float | None:
         values = [getattr(b, side) for b in batches]
@@ -197,6 +165,8 @@ def measure(
         "nonstream_tok_s": p_rate,
         "stream_tok_s": s_rate,
         "ratio": s_rate / p_rate,
+        "pair_ratios": pairs,
+        "median_pair_ratio": statistics.median(pairs),
         "stream_chunks_per_token": sum(b.chunks for b in streamed) / max(1, sum(b.tokens for b in streamed)),
         "stream_mean_ttft_s": sum(ttfts) / len(ttfts),
         "client_cpu_ms_per_token": {
@@ -207,14 +177,18 @@ def measure(
             "nonstream": cpu_ms_per_token(plain, "server_cpu_s"),
             "stream": cpu_ms_per_token(streamed, "server_cpu_s"),
         },
+        "server_loop_cpu_ms_per_token": {
+            "nonstream": cpu_ms_per_token(plain, "loop_cpu_s"),
+            "stream": cpu_ms_per_token(streamed, "loop_cpu_s"),
+        },
         "batches": {"nonstream": [asdict(b) for b in plain], "stream": [asdict(b) for b in streamed]},
     }
 
 
-def _pair(d: dict[str, float | None]) -> str:
+def _pair(d: dict[str, float | None], digits: int = 2) -> str:
     if d["nonstream"] is None or d["stream"] is None:
         return "-"
-    return f"{d['nonstream']:.2f} | {d['stream']:.2f}"
+    return f"{d['nonstream']:.{digits}f} | {d['stream']:.{digits}f}"
 
 
 def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -224,12 +198,28 @@ def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "non-stream tok/s": r["nonstream_tok_s"],
             "stream tok/s": r["stream_tok_s"],
             "ratio": r["ratio"],
+            "pair ratios median [min, max]": "{:.3f} [{:.3f}, {:.3f}]".format(
+                r["median_pair_ratio"], min(r["pair_ratios"]), max(r["pair_ratios"])
+            ),
             "stream TTFT ms": r["stream_mean_ttft_s"] * 1000,
             "client CPU ms/tok N|S": _pair(r["client_cpu_ms_per_token"]),
             "server CPU ms/tok N|S": _pair(r["server_cpu_ms_per_token"]),
+            "of which loop N|S": _pair(r["server_loop_cpu_ms_per_token"], 3),
         }
         for r in rows
     ]
+
+
+def run_levels(base_url: str, args: argparse.Namespace, server_pid: int | None) -> list[dict[str, Any]]:
+    model = args.model or openai.OpenAI(base_url=base_url, api_key=args.api_key).models.list().data[0].id
+    if args.client_idle:  # after the server started: it keeps its own policy; threads inherit this
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    rows = []
+    for c in args.concurrency:
+        print(f"concurrency {c} ...", file=sys.stderr)
+        row = measure(base_url, model, args.api_key, c, args.runs, args.max_tokens, server_pid)
+        rows.append({"model": model, **row})
+    return rows
 
 
 def main() -> None:
@@ -252,39 +242,30 @@ def main() -> None:
     )
     args = ap.parse_args()
 
-    server = None
-    base_url, model = args.base_url, args.model
-    if base_url is None:
-        print("starting rillet serve ...", file=sys.stderr)
-        server = Server(args.sets)
-        base_url, model = f"http://127.0.0.1:{server.port}/v1", model or server.model
-    if model is None:
-        model = openai.OpenAI(base_url=base_url, api_key=args.api_key).models.list().data[0].id
-    if args.client_idle:  # after the server started: it keeps its own policy; threads inherit this
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    rows = []
-    try:
-        for c in args.concurrency:
-            print(f"concurrency {c} ...", file=sys.stderr)
-            pid = server.proc.pid if server else None
-            rows.append(measure(base_url, model, args.api_key, c, args.runs, args.max_tokens, pid))
-    finally:
+    with contextlib.ExitStack() as stack:
+        server = None
+        base_url = args.base_url
+        if base_url is None:
+            print("starting rillet serve ...", file=sys.stderr)
+            server = stack.enter_context(RilletServer(args.sets))
+            base_url = server.base_url
+        pid = server.proc.pid if server and server.proc else None
+        rows = run_levels(base_url, args, pid)
         rss = server.peak_rss_mib() if server else None
-        if server:
-            server.stop()
     result = {
         "base_url": base_url,
-        "model": model,
+        "model": rows[0]["model"],
         "server_sets": args.sets,
         "client_idle": args.client_idle,
         "server_peak_rss_mib": rss,
     }
     write_json(args.out, {**result, "rows": rows})
+    model = result["model"]
     print(f"model {model}; {args.max_tokens} tokens per request, greedy, ignore_eos; JSON: {args.out}")
     if rss is not None:
         print(f"server peak RSS: {rss:.0f} MiB")
-    cols = ["concurrency", "non-stream tok/s", "stream tok/s", "ratio", "stream TTFT ms"]
-    cols += ["client CPU ms/tok N|S", "server CPU ms/tok N|S"]
+    cols = ["concurrency", "non-stream tok/s", "stream tok/s", "ratio", "pair ratios median [min, max]"]
+    cols += ["stream TTFT ms", "client CPU ms/tok N|S", "server CPU ms/tok N|S", "of which loop N|S"]
     print(table(summary_rows(rows), cols))
 
 
