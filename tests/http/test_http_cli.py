@@ -7,7 +7,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,11 +16,9 @@ import orjson
 import pytest
 import yaml
 from http_helpers import Resp, post, sse_events
+from proc_helpers import REPO, RILLET, ServeProcess
 from rillet.core.config import config_to_dict, load_config
 from rillet.http.cli import build_parser, main, overrides_from
-
-REPO = Path(__file__).resolve().parents[2]
-RILLET = Path(sys.executable).with_name("rillet")
 
 
 def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -141,40 +138,11 @@ def test_console_script_runs() -> None:
     assert r.returncode == 0 and yaml.safe_load(r.stdout)["server"]["max_n"] == 3
 
 
-class _Served:
-    """`rillet serve` as a subprocess on a free port, its stderr collected on a thread."""
+class _Served(ServeProcess):
+    """`rillet serve` (synthetic model) on a free port, with the requests these tests make."""
 
     def __init__(self, *sets: str) -> None:
-        args = [
-            str(RILLET),
-            "serve",
-            "--port",
-            "0",
-            "--set",
-            "model.kind=synthetic",
-            "--set",
-            "model.max_model_len=512",
-        ]
-        for s in sets:
-            args += ["--set", s]
-        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, cwd=REPO)
-        self.lines: list[str] = []
-        self.port = 0
-        threading.Thread(target=self._read, daemon=True).start()
-        deadline = time.monotonic() + 60
-        while not any("ready: serving" in line for line in self.lines):
-            assert self.proc.poll() is None, "".join(self.lines)
-            assert time.monotonic() < deadline, "".join(self.lines)
-            time.sleep(0.05)
-        self.host, self.root_url = "127.0.0.1", f"http://127.0.0.1:{self.port}"
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            m = re.search(r"listening on http://[^:]+:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-            self.lines.append(line)
+        super().__init__("model.max_model_len=512", *sets)
 
     def post(self, body: dict[str, Any]) -> Resp:
         return post(self, "/v1/completions", body)  # type: ignore[arg-type]
@@ -219,7 +187,7 @@ def test_sigterm_drains_in_flight_requests_then_exits_0() -> None:
         assert sum(len(e["choices"]) for e in events[:-1] if e["choices"][0]["text"]) > 0
         assert events[-2]["choices"][0]["finish_reason"] == "length"  # ran to its end
         assert srv.proc.wait(30) == 0
-        log = "".join(srv.lines)
+        log = srv.log
         assert "loading" in log and "stopped" in log
     finally:
         if srv.proc.poll() is None:

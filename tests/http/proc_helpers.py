@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[2]  # tests/http/proc_helpers.py
 RILLET = Path(sys.executable).with_name("rillet")
 
 
@@ -24,6 +24,7 @@ class ServeProcess:
         )
         self.lines: list[str] = []
         self.port = 0
+        self.host = "127.0.0.1"
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         if ready:
@@ -36,6 +37,10 @@ class ServeProcess:
             if m:
                 self.port = int(m.group(1))
             self.lines.append(line)
+
+    @property
+    def root_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
 
     @property
     def log(self) -> str:
