@@ -61,6 +61,7 @@ class EngineStats:
     busy_seconds: float = 0.0  # wall time spent inside engine steps (incl. publishing)
     ring_wakeups: int = 0
     ring_full_waits: int = 0
+    handoff_timeouts: int = 0  # model runs started after waiting stream.handoff_timeout_ms for the loop
 
 
 # Inbox items: a new request's sequences, or the id of a request to abort.
@@ -206,6 +207,7 @@ class Engine:
             busy_seconds=self._busy,
             ring_wakeups=self.ring.wakeups,
             ring_full_waits=self.ring.full_waits,
+            handoff_timeouts=self.ring.release_timeouts,
         )
 
     # ---- the engine thread ---------------------------------------------------------------------

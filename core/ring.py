@@ -50,6 +50,7 @@ class SpscRing(Generic[T]):
         self._release_event = threading.Event()
         self.wakeups = 0  # notifications sent (a counter for tests and metrics)
         self.full_waits = 0  # times the producer found the ring full
+        self.release_timeouts = 0  # wait_released calls that gave up (the consumer lagged)
 
     @property
     def capacity(self) -> int:
@@ -119,6 +120,7 @@ class SpscRing(Generic[T]):
                 break
             left = deadline - time.monotonic()
             if left <= 0:
+                self.release_timeouts += 1
                 break
             event.wait(left)  # a stale set() from an earlier wait only costs one more turn
         self._release_waiting = False

@@ -103,5 +103,11 @@ def engine_samples(stats: Any, wakeups: int, active_streams: int) -> list[Sample
         ("rillet_engine_steps", "Engine steps run", "counter", stats.steps),
         ("rillet_engine_busy_seconds", "Wall time spent in engine steps", "counter", stats.busy_seconds),
         ("rillet_ring_wakeups", "Engine -> event loop wake-ups", "counter", wakeups),
+        (
+            "rillet_handoff_timeouts",
+            "Model runs started after waiting stream.handoff_timeout_ms for a lagging event loop",
+            "counter",
+            stats.handoff_timeouts,
+        ),
         ("rillet_active_streams", "Requests the front end is serving", "gauge", active_streams),
     ]

@@ -119,5 +119,6 @@ def test_a_consumer_that_never_releases_costs_at_most_the_timeout_per_step() -> 
         assert engine.wait_idle(10)
         assert time.monotonic() - t0 < 2.0  # 5 waits of 20 ms, not a hang
         assert sum(len(d.token_ids) for out in engine.ring.pop_all() for d in out.deltas) == 6
+        assert engine.stats().handoff_timeouts == 5  # before each run but the first
     finally:
         engine.shutdown()

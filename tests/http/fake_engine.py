@@ -70,6 +70,7 @@ class FakeStats:
     generated_tokens: int
     cached_blocks: int
     busy_seconds: float = 0.0
+    handoff_timeouts: int = 0
 
 
 @dataclass

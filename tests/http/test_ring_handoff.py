@@ -73,11 +73,13 @@ def test_the_wait_is_bounded_and_ends_on_close_or_detach() -> None:
     t, result = _waiter(ring, 0.05)
     t.join(2)
     assert result[0][0] is False and 0.04 < result[0][1] < 1.0  # timed out: the engine goes on
+    assert ring.release_timeouts == 1
     t, result = _waiter(ring, 30.0)
     time.sleep(0.02)
     ring.set_notifier(None)  # the dispatcher detached: nobody will release
     t.join(2)
     assert result and result[0][1] < 2
+    assert ring.release_timeouts == 1  # a detach is not a timeout
     ring.set_notifier(lambda: None, releases=True)
     ring.push(2)
     t, result = _waiter(ring, 30.0)
