@@ -189,19 +189,29 @@ class FakeDirect:
         self.writes.append(data)
 
 
+def _start_pump(
+    stream: RequestStream,
+    fmt: ChunkFormat,
+    usage: Usage,
+    cfg: StreamConfig,
+    head: bytes,
+    direct: FakeDirect | None = None,
+) -> tuple[asyncio.Task[bool], list[bytes]]:
+    """`pump_sse` as a task whose (never blocking) writes are collected in the returned list."""
+    pumped: list[bytes] = []
+
+    async def write(data: bytes) -> None:
+        pumped.append(data)
+
+    return asyncio.create_task(pump_sse(stream, fmt, usage, write, cfg, head, direct)), pumped
+
+
 def test_direct_path_writes_without_waking_the_pump_and_the_end_goes_through_it() -> None:
     async def scenario() -> tuple[list[bytes], list[bytes]]:
         stream = RequestStream("r", 1)
-        pumped: list[bytes] = []
-
-        async def write(data: bytes) -> None:
-            pumped.append(data)
-
         direct = FakeDirect()
         fmt = ChunkFormat(True, "chatcmpl-x", 0, "m", 1, True, TokenTexts(FakeTokenizer()))
-        task = asyncio.create_task(
-            pump_sse(stream, fmt, Usage([3], 1), write, StreamConfig(), fmt.role(), direct)
-        )
+        task, pumped = _start_pump(stream, fmt, Usage([3], 1), StreamConfig(), fmt.role(), direct)
         await asyncio.sleep(0.01)
         waiter = stream._waiter  # the pump is parked on this future
         for ch in "abc":
@@ -234,15 +244,8 @@ def test_direct_path_writes_without_waking_the_pump_and_the_end_goes_through_it(
 def test_direct_path_is_off_with_a_gathering_delay_and_for_failures() -> None:
     async def scenario() -> tuple[list[bytes], list[bytes]]:
         stream = RequestStream("r", 2)
-        pumped: list[bytes] = []
-
-        async def write(data: bytes) -> None:
-            pumped.append(data)
-
         direct = FakeDirect()
-        task = asyncio.create_task(
-            pump_sse(stream, _fmt(2), Usage([3], 2), write, StreamConfig(), b"", direct)
-        )
+        task, pumped = _start_pump(stream, _fmt(2), Usage([3], 2), StreamConfig(), b"", direct)
         await asyncio.sleep(0.01)
         _push(stream, delta("a", 0))
         _push(stream, delta("x", 1, FinishReason.STOP))  # one choice ends: still direct (n=2)
@@ -257,13 +260,8 @@ def test_direct_path_is_off_with_a_gathering_delay_and_for_failures() -> None:
 
     async def delayed() -> bool:
         stream = RequestStream("r", 1)
-        direct = FakeDirect()
-
-        async def write(data: bytes) -> None:
-            pass
-
         cfg = StreamConfig(max_delay_ms=5)
-        task = asyncio.create_task(pump_sse(stream, _fmt(), Usage([3], 1), write, cfg, b"", direct))
+        task, _ = _start_pump(stream, _fmt(), Usage([3], 1), cfg, b"", FakeDirect())
         await asyncio.sleep(0.01)
         installed = stream.flusher is not None
         _push(stream, delta("a", 0, FinishReason.STOP))
