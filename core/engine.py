@@ -217,7 +217,6 @@ class Engine:
         # EngineCore.step's `before_run`), or at once when no next step follows.
         held: list[StepOutput] = []
         ring, handoff_s = self.ring, self.handoff_s
-        handoff_timeout = handoff_s or 0.0
 
         def publish() -> None:
             if held:
@@ -226,7 +225,9 @@ class Engine:
         def publish_and_hand_off() -> None:  # before a model run: see stream.handoff
             if held:
                 ring.push(held.pop())
-                ring.wait_released(handoff_timeout)
+                ring.wait_released(handoff_s or 0.0)
+
+        before_run = publish if handoff_s is None else publish_and_hand_off
 
         try:
             while not self._stop:
@@ -239,7 +240,7 @@ class Engine:
                     self._wake.clear()
                     continue
                 t0 = time.perf_counter()
-                out = self.core.step(publish if handoff_s is None else publish_and_hand_off)
+                out = self.core.step(before_run)
                 publish()  # not called when nothing was scheduled
                 if aborted:
                     out = StepOutput(self.core.steps, aborted.deltas + (out.deltas if out else []))
