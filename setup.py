@@ -9,6 +9,15 @@ A namespace portion loses to the standard library's regular package, so that can
 from setuptools import setup
 
 setup(
-    packages=["rillet.core", "rillet.http", "rillet.graphs"],
+    packages=[
+        "rillet.core",
+        "rillet.core.attention",
+        "rillet.core.loaders",
+        "rillet.core.model",
+        "rillet.core.quant",
+        "rillet.core.tokenizer",
+        "rillet.http",
+        "rillet.graphs",
+    ],
     package_dir={"rillet": "."},
 )

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from gpu_timing import random_ids
 from rillet.core.attention import AttentionMetadata
-from rillet.core.attention_select import create_attention_backend
+from rillet.core.attention.select import create_attention_backend
 from rillet.core.model import DecoderModel, allocate_kv_cache, build_model
-from rillet.core.model_arch import ModelArch
+from rillet.core.model.arch import ModelArch
 
 
 def hf_model(arch: ModelArch, device: torch.device, dtype: torch.dtype, seed: int) -> Any:

@@ -30,7 +30,7 @@ from gpu_plan import (
 )
 from gpu_timing import copy_bandwidth, engine_decode_rate, random_ids, step_timing
 from rillet.core.llm import LLM, CompletionOutput
-from rillet.core.model_arch import ModelArch
+from rillet.core.model.arch import ModelArch
 from rillet.core.sampling_params import SamplingParams
 
 

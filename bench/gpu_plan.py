@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rillet.core.model_arch import ModelArch
-from rillet.core.shapes import SHAPES
+from rillet.core.model.arch import ModelArch
+from rillet.core.model.shapes import SHAPES
 
 B_TARGET_MS = 3.9
 C_TARGET_TOK_S = 9000.0
@@ -153,8 +153,8 @@ def write_tokenizer_gguf(dst: Path) -> int:
     """The default model's GGUF cut to its header and metadata (tokenizer, chat template), no tensors:
     ~2 MB instead of 98 MB, so shape models can load their tokenizer on the GPU machine."""
     import numpy as np
-    from rillet.core.default_model import default_model_path
-    from rillet.core.gguf_file import _Cursor
+    from rillet.core.loaders.default_model import default_model_path
+    from rillet.core.loaders.gguf_file import _Cursor
 
     data = np.memmap(default_model_path(), dtype=np.uint8, mode="r").view(np.ndarray)
     cur = _Cursor(data)

@@ -20,8 +20,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import peak_rss_mib, table, write_json
 from rillet.core.config import config_from_dict
-from rillet.core.default_model import default_model_path
 from rillet.core.llm import LLM
+from rillet.core.loaders.default_model import default_model_path
 from rillet.core.sampling_params import SamplingParams
 
 PROMPTS = [f"Write a short story number {i} about a robot who learns to paint." for i in range(64)]

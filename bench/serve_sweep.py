@@ -41,7 +41,7 @@ COLS = [
 
 
 def token_counter() -> Any:
-    from rillet.core.default_model import default_model_path
+    from rillet.core.loaders.default_model import default_model_path
     from rillet.core.tokenizer import Tokenizer
 
     tok = Tokenizer.from_gguf(default_model_path())

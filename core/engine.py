@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from .config import RilletConfig
 from .engine_core import EngineCore
-from .model_loader import Runtime, load_runtime
 from .outputs import StepOutput
 from .request import FinishReason, Sequence
 from .ring import RingClosed, SpscRing
+from .runtime import Runtime, load_runtime
 from .sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import torch
 from rillet.core.attention import AttentionMetadata
-from rillet.core.attention_flashinfer import FlashInferAttentionBackend, page_indices, paged_kv_host
-from rillet.core.attention_torch import TorchAttentionBackend
+from rillet.core.attention.flashinfer_backend import FlashInferAttentionBackend, page_indices, paged_kv_host
+from rillet.core.attention.torch_backend import TorchAttentionBackend
 from rillet.graphs.interface import DecodeBatch
 from rillet.graphs.runner import mark_batch_dynamic
 from rillet.graphs.static_buffers import StaticBuffers
@@ -290,7 +290,7 @@ def test_padding_slot_minus_one_goes_to_the_dummy_block(fake_flashinfer: types.M
 def test_decode_forward_traces_fullgraph(fake_flashinfer: types.ModuleType) -> None:
     """The model's decode step around the op compiles with no graph break, same result."""
     from rillet.core.model import allocate_kv_cache, build_model
-    from rillet.core.model_arch import ModelArch
+    from rillet.core.model.arch import ModelArch
 
     torch._dynamo.reset()
     arch = ModelArch(
@@ -350,7 +350,7 @@ class Decoder:
 def test_decode_compiles_once_for_every_bucket_above_one(fake_flashinfer: types.ModuleType) -> None:
     """GraphRunner's compile contract: row dimension dynamic, no recompile from bucket to bucket."""
     from rillet.core.model import allocate_kv_cache, build_model
-    from rillet.core.model_arch import ModelArch
+    from rillet.core.model.arch import ModelArch
 
     torch._dynamo.reset()
     arch = ModelArch(

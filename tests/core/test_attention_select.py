@@ -8,9 +8,9 @@ import types
 
 import pytest
 import torch
-from rillet.core import attention_select as sel
+from rillet.core.attention import select as sel
 from rillet.core.config import AttentionConfig, ConfigError
-from rillet.core.model_arch import ModelArch
+from rillet.core.model.arch import ModelArch
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 NO_FI = "ModuleNotFoundError: No module named 'flashinfer'"
@@ -130,8 +130,8 @@ def test_flashinfer_probe_reports_why(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_flashinfer_module_imports_without_flashinfer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "flashinfer", None)
-    monkeypatch.delitem(sys.modules, "rillet.core.attention_flashinfer", raising=False)
-    mod = importlib.import_module("rillet.core.attention_flashinfer")
+    monkeypatch.delitem(sys.modules, "rillet.core.attention.flashinfer_backend", raising=False)
+    mod = importlib.import_module("rillet.core.attention.flashinfer_backend")
     assert mod.FlashInferAttentionBackend.name == "flashinfer"
 
 
@@ -141,7 +141,7 @@ ARCH = ModelArch(
 
 
 def test_create_backends(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rillet.core.attention_torch import TorchAttentionBackend
+    from rillet.core.attention.torch_backend import TorchAttentionBackend
 
     torch_backend = sel.create_attention_backend(
         "torch", ARCH, block_size=16, dtype=torch.float32, device=CPU
@@ -159,7 +159,7 @@ def test_create_backends(monkeypatch: pytest.MonkeyPatch) -> None:
     fi.BatchPrefillWithPagedKVCacheWrapper = Wrapper  # type: ignore[attr-defined]
     fi.BatchDecodeWithPagedKVCacheWrapper = Wrapper  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "flashinfer", fi)
-    monkeypatch.setattr("rillet.core.attention_flashinfer.WORKSPACE_BYTES", 1024)
+    monkeypatch.setattr("rillet.core.attention.flashinfer_backend.WORKSPACE_BYTES", 1024)
     backend = sel.create_attention_backend(
         "flashinfer",
         ARCH,

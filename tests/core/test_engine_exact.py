@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 from rillet.core.config import RilletConfig, config_from_dict
-from rillet.core.default_model import default_model_path
 from rillet.core.llm import LLM
+from rillet.core.loaders.default_model import default_model_path
 from rillet.core.request import FinishReason
 from rillet.core.sampling_params import SamplingParams
 

@@ -15,11 +15,12 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from rillet.core import default_model, loader_gguf
-from rillet.core.default_model import DefaultModelMissing, default_model_path
-from rillet.core.dequant import dequantize
-from rillet.core.loader_gguf import expected_names, hf_name, load_gguf
-from rillet.core.weights_cache import cache_file
+from rillet.core.loaders import default_model as default_model
+from rillet.core.loaders import gguf as loader_gguf
+from rillet.core.loaders.default_model import DefaultModelMissing, default_model_path
+from rillet.core.loaders.dequant import dequantize
+from rillet.core.loaders.gguf import expected_names, hf_name, load_gguf
+from rillet.core.loaders.weights_cache import cache_file
 
 TINY = {"hidden": 32, "heads": 4, "kv_heads": 2, "head_dim": 8, "inter": 48, "layers": 2, "vocab": 64}
 
@@ -66,7 +67,7 @@ def write_tiny_gguf(
 ) -> dict[str, np.ndarray]:
     """A 2-layer model stored the way llama.cpp's converter stores it; returns the HF-layout tensors.
 
-    `slow_quant`: gate projections stored as Q5_0, a type core/dequant.py leaves to gguf.
+    `slow_quant`: gate projections stored as Q5_0, a type core/loaders/dequant.py leaves to gguf.
     """
     hf = _tiny_hf_tensors(np.random.default_rng(seed), tied, bias=arch == "qwen2")
     w = gguf.GGUFWriter(str(path), arch)

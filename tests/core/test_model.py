@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 from rillet.core.attention import AttentionMetadata
-from rillet.core.attention_torch import TorchAttentionBackend
-from rillet.core.loader_hf import load_hf_folder
+from rillet.core.attention.torch_backend import TorchAttentionBackend
+from rillet.core.loaders.hf import load_hf_folder
 from rillet.core.model import DecoderModel, allocate_kv_cache, build_model
 
 BLOCK = 4

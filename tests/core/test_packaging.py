@@ -21,7 +21,7 @@ def test_import_from_repo_root_does_not_shadow_stdlib_http() -> None:
     assert not (REPO / "http" / "__init__.py").exists()
 
 
-def test_wheel_holds_the_three_subpackages_and_nothing_else(tmp_path: Path) -> None:
+def test_wheel_holds_the_three_packages_and_nothing_else(tmp_path: Path) -> None:
     r = subprocess.run(
         [
             sys.executable,
@@ -49,5 +49,7 @@ def test_wheel_holds_the_three_subpackages_and_nothing_else(tmp_path: Path) -> N
         and "rillet/http/server.py" in code
         and "rillet/graphs/runner.py" in code
     )
+    for sub in ("attention", "loaders", "model", "quant", "tokenizer"):  # core's subpackages ship too
+        assert f"rillet/core/{sub}/__init__.py" in code, sub
     assert all(n.startswith(("rillet/core/", "rillet/http/", "rillet/graphs/")) for n in code), code
     assert not any(n.endswith("setup.py") or n.startswith(("tests/", "bench/")) for n in names)

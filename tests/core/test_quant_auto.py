@@ -14,12 +14,12 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from rillet.core import quant_select
 from rillet.core.config import ModelConfig, config_from_dict
-from rillet.core.default_model import default_model_path
 from rillet.core.llm import LLM
-from rillet.core.quant_int4 import Int4Weight, int4_supported
-from rillet.core.quant_select import resolve_quantization
+from rillet.core.loaders.default_model import default_model_path
+from rillet.core.quant import select as quant_select
+from rillet.core.quant.int4 import Int4Weight, int4_supported
+from rillet.core.quant.select import resolve_quantization
 from rillet.core.sampling_params import SamplingParams
 
 CPU = torch.device("cpu")
@@ -145,7 +145,7 @@ def test_an_input_dim_int4_cannot_group_resolves_to_none(tmp_path: Path) -> None
 
 @needs_int4
 def test_default_config_engine_runs_int4(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="rillet.core.model_loader")
+    caplog.set_level(logging.INFO, logger="rillet.core.runtime")
     with LLM(config_from_dict({"cache": {"num_blocks": 64}})) as llm:
         rt = llm.engine.runtime
         assert (rt.quantization, rt.dtype) == ("int4", torch.bfloat16)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from rillet.core.config import ConfigError, config_from_dict
 from rillet.core.llm import LLM
-from rillet.core.model_loader import resolve_dtype
-from rillet.core.quant_int4 import GROUP, Int4Weight, Int8Weight, int4_supported, lin
+from rillet.core.quant.int4 import GROUP, Int4Weight, Int8Weight, int4_supported, lin
+from rillet.core.runtime import resolve_dtype
 from rillet.core.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(not int4_supported(), reason="no CPU int4 kernel in this torch")

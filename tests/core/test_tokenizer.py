@@ -13,10 +13,10 @@ from typing import Any
 
 import gguf
 import pytest
-from rillet.core.chat_template import ChatTemplateError
-from rillet.core.default_model import default_model_path
+from rillet.core.loaders.default_model import default_model_path
 from rillet.core.tokenizer import Tokenizer
-from rillet.core.tokenizer_gguf import bytes_to_unicode
+from rillet.core.tokenizer.chat_template import ChatTemplateError
+from rillet.core.tokenizer.gguf import bytes_to_unicode
 
 TEXTS = [
     "",

@@ -161,7 +161,7 @@ def test_gpu_plan_sizes_fit() -> None:
 
 
 def test_tokenizer_only_gguf_matches_the_default_model(tmp_path: Path) -> None:
-    from rillet.core.default_model import default_model_path
+    from rillet.core.loaders.default_model import default_model_path
     from rillet.core.tokenizer import Tokenizer
 
     path = tmp_path / "tok.gguf"

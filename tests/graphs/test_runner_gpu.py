@@ -13,7 +13,7 @@ import pytest
 import torch
 from rillet.core.attention import AttentionMetadata
 from rillet.core.model import DecoderModel, KVCache, allocate_kv_cache, build_model
-from rillet.core.model_arch import ModelArch
+from rillet.core.model.arch import ModelArch
 from rillet.graphs.interface import DecodeBatch
 from rillet.graphs.runner import GraphRunner
 
@@ -119,7 +119,7 @@ def _batch(live: list[int], last: list[int], lens: list[int]) -> DecodeBatch:
 
 
 def _setup(settings: Settings) -> tuple[DecoderModel, GraphRunner, Decoder, list[int], list[list[int]]]:
-    from rillet.core.attention_flashinfer import FlashInferAttentionBackend
+    from rillet.core.attention.flashinfer_backend import FlashInferAttentionBackend
 
     backend = FlashInferAttentionBackend(
         ARCH.num_heads,

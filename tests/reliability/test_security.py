@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 from rel_helpers import CHAT, COMP, is_openai_error, post, request, served
-from rillet.core.default_model import default_model_path
+from rillet.core.loaders.default_model import default_model_path
 from rillet.http.auth import ApiKeys
 from rillet.http.background import BackgroundServer
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .attention import AttentionBackend, AttentionMetadata
+from . import AttentionBackend, AttentionMetadata
 
 
 def write_kv(

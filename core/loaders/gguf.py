@@ -1,15 +1,15 @@
 """Loading a GGUF checkpoint: architecture and weights under Hugging Face Llama parameter names.
 
-(The tokenizer in the same file is core/tokenizer.py's: `Tokenizer.from_gguf(path)`.)
+(The tokenizer in the same file is core/tokenizer/__init__.py's: `Tokenizer.from_gguf(path)`.)
 
-Tensors are dequantized (core/dequant.py, bit-identical to `gguf.quants.dequantize`) and handed
+Tensors are dequantized (core/loaders/dequant.py, bit-identical to `gguf.quants.dequantize`) and handed
 out one at a time in the requested dtype. llama.cpp's converter permutes the rows of Llama's Q and
 K projections so that rotary pairs are interleaved (its rope layout); that is undone here exactly
 as transformers does, so the weights equal `AutoModelForCausalLM.from_pretrained(dir,
 gguf_file=...)`'s.
 
 With the cache on, the first load also stores the converted tensors (and the architecture) in a
-safetensors file (core/weights_cache.py); later loads read that instead of the GGUF.
+safetensors file (core/loaders/weights_cache.py); later loads read that instead of the GGUF.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
+from ..model.arch import ModelArch
 from .dequant import FAST_TYPES, dequantize
 from .gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
-from .model_arch import ModelArch
 from .weights_cache import cache_file, default_cache_dir, read_cache, write_cache
 
 log = logging.getLogger(__name__)
@@ -184,7 +184,7 @@ def load_gguf(
 
     `cache_dir` None = ~/.cache/rillet. A cache hit never opens the GGUF file. `use_cache`:
     True / False; None (auto) reads an existing entry but writes one only when the file holds a
-    tensor type that core/dequant.py leaves to gguf's slow numpy path (K-quants, ...): for the
+    tensor type that core/loaders/dequant.py leaves to gguf's slow numpy path (K-quants, ...): for the
     fast types, converting (~0.6 s CPU for SmolLM2-135M) costs about what reading the cache
     does, so a cache would only spend disk (540 MB in float32). `header`: the file already parsed
     by the caller (read_gguf), so it is not parsed twice.

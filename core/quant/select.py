@@ -21,14 +21,14 @@ from typing import Literal
 
 import torch
 
-from .config import ConfigError, ModelConfig
-from .gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
-from .quant_int4 import GROUP, int4_supported
+from ..config import ConfigError, ModelConfig
+from ..loaders.gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
+from .int4 import GROUP, int4_supported
 
 Quantization = Literal["none", "int4"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# ggml types of 4 bits or fewer per weight that core/dequant.py reads (itself or through gguf).
+# ggml types of 4 bits or fewer per weight that core/loaders/dequant.py reads (itself or through gguf).
 FOUR_BIT_TYPES = frozenset(
     {"Q4_0", "Q4_1", "Q4_K", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S"}
     | {"IQ2_XS", "IQ2_XXS", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4"}

@@ -18,9 +18,9 @@ from typing import NamedTuple
 
 import torch
 
-from .attention import AttentionBackend
-from .config import AttentionConfig, ConfigError
-from .model_arch import ModelArch
+from ..config import AttentionConfig, ConfigError
+from ..model.arch import ModelArch
+from . import AttentionBackend
 
 
 class AttentionSelection(NamedTuple):
@@ -120,11 +120,11 @@ def create_attention_backend(
 ) -> AttentionBackend:
     """Builds the backend `name` for a model; `graph_batch_sizes` = the captured decode buckets."""
     if name == "torch":
-        from .attention_torch import TorchAttentionBackend
+        from .torch_backend import TorchAttentionBackend
 
         return TorchAttentionBackend()
     if name == "flashinfer":
-        from .attention_flashinfer import FlashInferAttentionBackend
+        from .flashinfer_backend import FlashInferAttentionBackend
 
         return FlashInferAttentionBackend(
             arch.num_heads,

@@ -17,7 +17,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as Backend
 
-from .tokenizer_hf import bos_eos_processor
+from .hf import bos_eos_processor
 
 TOKEN_CONTROL = 3  # llama.cpp token types
 TOKEN_USER_DEFINED = 4

@@ -2,7 +2,7 @@
 
 `gguf.GGUFReader` builds a numpy memmap view per metadata element; on a 49k-token vocabulary that
 takes 2-4 s here. This parser reads the same layout with `struct` in ~0.1 s and leaves the tensor
-data memory-mapped until it is dequantized (core/dequant.py). No torch here: the tokenizer reads
+data memory-mapped until it is dequantized (core/loaders/dequant.py). No torch here: the tokenizer reads
 the metadata too.
 
 Layout (GGUF v2/v3, little-endian): magic, version u32, tensor count u64, kv count u64; kv pairs

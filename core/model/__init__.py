@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import AttentionBackend, AttentionMetadata
-from .model_arch import ModelArch
-from .quant_int4 import Int8Weight, lin, quantize_module_weights
+from ..attention import AttentionBackend, AttentionMetadata
+from ..quant.int4 import Int8Weight, lin, quantize_module_weights
+from .arch import ModelArch
 from .rope import RotaryEmbedding, apply_rope
 
 logger = logging.getLogger(__name__)

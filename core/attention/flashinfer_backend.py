@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .attention import AttentionBackend, AttentionMetadata
+from . import AttentionBackend, AttentionMetadata
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # flashinfer's recommended float workspace (split-k partials)
 TENSOR_CORE_MIN_GROUP = 4  # GQA group at which flashinfer's tensor-core decode wins (as sglang)

@@ -16,20 +16,20 @@ from rillet.graphs.buckets import resolve_buckets
 from rillet.graphs.runner import GraphRunner, graphs_enabled
 
 from .attention import AttentionBackend
-from .attention_select import create_attention_backend, select_attention_backend
+from .attention.select import create_attention_backend, select_attention_backend
 from .block_manager import BlockManager
 from .config import ConfigError, RilletConfig
-from .default_model import default_model_path
 from .detokenizer import IncrementalDetokenizer
-from .gguf_file import GGUFFile, read_gguf
+from .loaders.default_model import default_model_path
+from .loaders.gguf_file import GGUFFile, read_gguf
 from .model import DecoderModel, allocate_kv_cache, build_model
-from .model_arch import ModelArch
+from .model.arch import ModelArch
+from .model.shapes import shape_arch
 from .model_runner import DecoderGraphAdapter, ModelRunner, Runner, SyntheticRunner
-from .quant_select import Quantization, resolve_dtype, resolve_quantization
+from .quant.select import Quantization, resolve_dtype, resolve_quantization
 from .request import Sequence
 from .sampler import Sampler
 from .scheduler import Scheduler
-from .shapes import shape_arch
 from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -235,11 +235,11 @@ def _load_model(
         return arch, model
     assert path is not None
     if kind == "gguf":
-        from .loader_gguf import load_gguf
+        from .loaders.gguf import load_gguf
 
         arch, weights = load_gguf(path, dtype, cache_dir=cfg.model.cache_dir, header=header)
     else:
-        from .loader_hf import load_hf_folder
+        from .loaders.hf import load_hf_folder
 
         arch, weights = load_hf_folder(path, dtype)
     model = build_model(arch, make_backend(cfg, arch, device, dtype), dtype, device, cfg.model.max_model_len)

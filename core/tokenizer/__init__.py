@@ -17,10 +17,10 @@ from typing import Any, Literal
 
 from tokenizers import Tokenizer as Backend
 
+from ..loaders.gguf_file import read_gguf
 from .chat_template import DEFAULT_CHAT_TEMPLATE, compile_chat_template, render_chat_template
-from .gguf_file import read_gguf
-from .tokenizer_gguf import backend_from_gguf, bytes_to_unicode, special_token_strings
-from .tokenizer_hf import read_hf_folder
+from .gguf import backend_from_gguf, bytes_to_unicode, special_token_strings
+from .hf import read_hf_folder
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 DecodeStyle = Literal["byte_level", "sentencepiece", "plain"]
