@@ -57,7 +57,9 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:  # [T, H]
         t, d, nq, nkv = x.shape[0], self.head_dim, self.n_q, self.n_kv
         h = F.rms_norm(x, self.input_layernorm.shape, self.input_layernorm, self.eps)
-        qkv = lin(h, self.qkv_weight, self.qkv_bias)  # [T, (Hq + 2 Hkv) * D]
+        # int4 projections return bf16 (core/quant): widened back to the residual's dtype here, or by
+        # type promotion in the adds below, so in a float32 model only matmul operands are rounded
+        qkv = lin(h, self.qkv_weight, self.qkv_bias).to(x.dtype)  # [T, (Hq + 2 Hkv) * D]
         # q and k share positions: rotate them as one [T, Hq + Hkv, D] view
         qk = apply_rope(qkv[:, : (nq + nkv) * d].view(t, nq + nkv, d), cos, sin)
         v = qkv[:, (nq + nkv) * d :].view(t, nkv, d)
@@ -65,7 +67,7 @@ class DecoderLayer(nn.Module):
         x = x + lin(o.reshape(t, nq * d), self.o_weight)
         h = F.rms_norm(x, self.post_attention_layernorm.shape, self.post_attention_layernorm, self.eps)
         gate, up = lin(h, self.gate_up_weight).chunk(2, dim=-1)  # [T, I] each
-        return x + lin(F.silu(gate) * up, self.down_weight)
+        return x + lin(F.silu(gate.to(x.dtype)) * up, self.down_weight)
 
 
 class DecoderModel(nn.Module):
@@ -110,8 +112,10 @@ class DecoderModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] (rows of `forward`'s output) -> float32 logits [N, V]."""
+        if self.quant_head is not None:
+            return self.quant_head.refine(hidden, self.quant_head(hidden).float())
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        return lin(hidden, self.quant_head if self.quant_head is not None else head).float()
+        return lin(hidden, head).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face Llama-named tensors into the fused parameters (casting dtype/device).
@@ -165,14 +169,17 @@ class DecoderModel(nn.Module):
         return t
 
     def quantize_int4(self) -> None:
-        """CPU decode speed: every projection to weight-only int4, the LM head to int8 (bf16
-        activations; an int4 head changed greedy answers, see Int8Weight).
+        """CPU decode speed: every projection to weight-only int4, the LM head to int8 (an int4
+        head changed greedy answers, see Int8Weight).
 
-        Call after the weights are loaded, on a bf16 model. The embedding table stays dense (a step
-        reads one row of it per token); with tied embeddings the head gets its own int8 copy.
+        Call after the weights are loaded. The model's dtype stays the activation dtype: float32
+        keeps the residual stream, norms, RoPE, attention and logits in fp32 (llama.cpp's split),
+        and only the weight reads are low-precision. The embedding table stays dense (a step reads
+        one row of it per token); with tied embeddings the head gets its own int8 copy.
         """
-        if self.embed_tokens.dtype != torch.bfloat16:
-            raise ValueError("int4 weights need a bfloat16 model (activations run in bf16)")
+        dtype = self.embed_tokens.dtype
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"int4 weights run in a float32 or bfloat16 model, not {dtype}")
         for layer in self.layers:
             quantize_module_weights(layer, ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"))
         head = self.embed_tokens if self.lm_head is None else self.lm_head

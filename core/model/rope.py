@@ -116,17 +116,22 @@ class RotaryEmbedding(nn.Module):
         self.cos: torch.Tensor
         self.sin: torch.Tensor
         cos, sin = freqs.cos() * attn_factor, freqs.sin() * attn_factor
+        # [P, D] tables laid out for apply_rope: cos repeated, sin negated on the first half
+        cos, sin = torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
         self.register_buffer("cos", cos.to(device=device, dtype=dtype), persistent=False)
         self.register_buffer("sin", sin.to(device=device, dtype=dtype), persistent=False)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T] int64 -> cos, sin [T, 1, D/2] (broadcast over heads)."""
+        """positions [T] int64 -> cos [c | c], sin [-s | s], each [T, 1, D] (broadcast over heads)."""
         cos = self.cos.index_select(0, positions)
         sin = self.sin.index_select(0, positions)
         return cos.unsqueeze(1), sin.unsqueeze(1)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D] (any strides), cos/sin [T, 1, D/2] -> rotated copy [T, H, D]."""
+    """x [T, H, D] (any strides), cos/sin [T, 1, D] from `cos_sin` -> rotated copy [T, H, D].
+
+    [x1 | x2] -> [x1 c - x2 s | x2 c + x1 s], written as x * [c | c] + [x2 | x1] * [-s | s]: the same
+    IEEE result (a + (-b) is a - b exactly), in four ops instead of seven, once per layer."""
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return x * cos + torch.cat((x2, x1), dim=-1) * sin

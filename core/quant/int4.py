@@ -6,7 +6,14 @@ q in [0, 15]; w = (q - 8) * scale + zero, torch's `_weight_int4pack_mm_for_cpu` 
 come from min/max rounding per group, which is lossless for weights that came from a GGUF Q4_1
 file: Q4_1 itself maps each block's min to q = 0 and max to q = 15 (x = q * d + min), so the
 same (d, min) and codes come back; only d and min are rounded to bf16. The LM head is not a Q4_1
-tensor in the default file (it is the Q8_0 embedding): it gets per-row int8 (`Int8Weight`).
+tensor in the default file (it is the Q8_0 embedding): it gets group-32 int8 (`Int8Weight`).
+
+The matmul operands are bf16 whatever the model's dtype: torch's CPU kernels for these layouts are
+fast only for bf16 activations (measured here: their float32 and float16 variants run 10-50x slower
+than bf16, slower than a dense float32 matmul). In a float32 model each projection's input is cast
+to bf16 and its bf16 output is widened by the arithmetic that consumes it (type promotion, exact),
+so only the operands are rounded, the way llama.cpp quantizes activations only as matmul operands;
+the residual stream, norms, RoPE, attention and logits stay float32 (see core/model).
 """
 
 from __future__ import annotations
@@ -16,10 +23,26 @@ import torch.nn.functional as F
 from torch import nn
 
 GROUP = 32
+REFINE_TOP_K = 16  # logits per row that Int8Weight.refine recomputes in float32
 
 
 def int4_supported() -> bool:
     return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+
+def _pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """codes [N, K/G, G] in [0, 15], scale and zero [N, K/G] -> the kernel's (packed weight,
+    [K/G, N, 2] bf16 scales-and-zeros), for w = (q - 8) * scale + zero."""
+    n, k = codes.shape[0], codes.shape[1] * codes.shape[2]
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).view(n, k), 1)
+    return packed, torch.stack([scale.t(), zero.t()], -1).to(torch.bfloat16).contiguous()
+
+
+def _groups(weight: torch.Tensor) -> torch.Tensor:  # [N, K] -> [N, K/G, G] float32
+    n, k = weight.shape
+    if k % GROUP:
+        raise ValueError(f"int4: input dim {k} is not a multiple of {GROUP}")
+    return weight.detach().float().reshape(n, k // GROUP, GROUP)
 
 
 class Int4Weight(nn.Module):
@@ -27,49 +50,61 @@ class Int4Weight(nn.Module):
 
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
-        n, k = weight.shape
-        if k % GROUP:
-            raise ValueError(f"int4: input dim {k} is not a multiple of {GROUP}")
-        g = weight.detach().float().reshape(n, k // GROUP, GROUP)
+        g = _groups(weight)
         lo, hi = g.amin(-1), g.amax(-1)  # [N, K/G]
         scale = ((hi - lo) / 15).clamp(min=1e-12)
-        codes = ((g - lo[..., None]) / scale[..., None]).round_().clamp_(0, 15).to(torch.int32)
-        self.out_features, self.in_features = n, k
-        self.register_buffer(
-            "packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.view(n, k), 1)
-        )
-        zero = lo + 8 * scale
-        # [K/G, N, 2]: (scale, zero) per group and output row
-        self.register_buffer(
-            "scales_zeros", torch.stack([scale.t(), zero.t()], -1).to(torch.bfloat16).contiguous()
-        )
+        codes = ((g - lo[..., None]) / scale[..., None]).round_().clamp_(0, 15)
+        self.out_features, self.in_features = weight.shape
+        packed, scales_zeros = _pack(codes, scale, lo + 8 * scale)
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_zeros", scales_zeros)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] bf16 -> [..., N] bf16
-        flat = x.reshape(-1, self.in_features)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] any float -> [..., N] bf16
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
         return y.view(*x.shape[:-1], self.out_features)
 
 
 class Int8Weight(nn.Module):
-    """Weight-only int8 with one scale per output row, for the LM head.
+    """The LM head: weight-only int8 with one scale per output row, plus `refine`, which redoes each
+    row's top `REFINE_TOP_K` logits exactly in float32.
 
-    The head of the default GGUF comes from its Q8_0 token embedding: re-quantized to int4 it lost
-    enough to change greedy answers ("What is the capital of France?" stopped saying Paris, while
-    bf16 kept it); per-row int8 keeps it and still reads half the bytes of bf16.
+    The head of the default GGUF is its Q8_0 token embedding (one scale per group of 32). Per-row
+    int8 reads half the bytes of bf16 through torch's fast kernel, but its logits are off by ~0.2
+    (4x the error of bf16 operands): used alone it changed 1 greedy answer in 8 on
+    tests/data/chat_prompts.json, and int4 changed more ("What is the capital of France?" stopped
+    saying Paris). So it only picks candidates: `refine` recomputes the top k of each row from the
+    float32 hidden state and group-32 int8 codes, which give back a Q8_0 tensor's own codes and
+    scales exactly, and writes them back. The greedy choice is then the float32 head's whenever the
+    best token is among the k, and the leading candidates of a sampled row carry exact logits.
     """
+
+    codes: torch.Tensor  # [N, K/G, G] int8
+    scales: torch.Tensor  # [N, K/G] float32
 
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
         w = weight.detach().float()  # [N, K]
-        scale = (w.abs().amax(1) / 127).clamp(min=1e-12)  # [N]
         self.out_features, self.in_features = w.shape
-        self.register_buffer("codes", (w / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8))
-        self.register_buffer("scales", scale.to(torch.bfloat16))
+        scale = (w.abs().amax(1) / 127).clamp(min=1e-12)  # [N]
+        self.register_buffer("row_codes", (w / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8))
+        self.register_buffer("row_scales", scale.to(torch.bfloat16))
+        g = _groups(w)  # [N, K/G, G]
+        s = (g.abs().amax(-1) / 127).clamp(min=1e-12)  # [N, K/G]
+        self.register_buffer("codes", (g / s[..., None]).round_().clamp_(-127, 127).to(torch.int8))
+        self.register_buffer("scales", s)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] bf16 -> [..., N] bf16
-        flat = x.reshape(-1, self.in_features)
-        y = torch.ops.aten._weight_int8pack_mm(flat, self.codes, self.scales)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] any float -> [..., N] bf16
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        y = torch.ops.aten._weight_int8pack_mm(flat, self.row_codes, self.row_scales)
         return y.view(*x.shape[:-1], self.out_features)
+
+    def refine(self, x: torch.Tensor, y: torch.Tensor, k: int = REFINE_TOP_K) -> torch.Tensor:
+        """x [B, K] hidden, y [B, N] float32 logits from self(x) -> y with each row's top k exact."""
+        top = y.topk(min(k, self.out_features), dim=-1).indices  # [B, k]
+        rows = self.codes[top].float() * self.scales[top][..., None]  # [B, k, K/G, G]
+        exact = torch.einsum("bi,bki->bk", x.float(), rows.flatten(2))  # [B, k]
+        return y.scatter(1, top, exact)
 
 
 def lin(
@@ -77,7 +112,7 @@ def lin(
 ) -> torch.Tensor:
     if isinstance(w, Int4Weight | Int8Weight):
         y = w(x)
-        return y if b is None else y + b
+        return y if b is None else y + b  # the bias added in the model's dtype
     return F.linear(x, w, b)
 
 

@@ -3,7 +3,8 @@
 `auto` picks int4 when the weights already are 4-bit (or fewer) in the file, the way llama.cpp runs
 a GGUF at its own quantization: serving a Q4_1 file in float32 would read ~6x more bytes per decode
 step than the file holds. It needs, all at once: the CPU (the only int4 kernel), a torch with that
-kernel, `model.dtype` auto or bfloat16 (an explicit float32/float16 asks for full precision), and a
+kernel, `model.dtype` auto or bfloat16 (an explicit float32/float16 asks for full-precision
+weights; auto runs float32 activations around the int4 weights, bfloat16 bf16 ones), and a
 GGUF whose layer matrices (2-D `blk.*` tensors, by element count; the embedding / output head and
 the norms are left out, as llama.cpp keeps them wider on purpose) are mostly 4-bit ggml types.
 Only the GGUF header is read (tensor infos); nothing is dequantized.
@@ -54,7 +55,7 @@ def resolve_quantization(
     if not int4_supported():
         return QuantChoice("none", "this torch build has no CPU int4 kernel")
     if cfg.dtype not in ("auto", "bfloat16"):
-        return QuantChoice("none", f"model.dtype is {cfg.dtype} (int4 runs with bfloat16 activations)")
+        return QuantChoice("none", f"model.dtype is {cfg.dtype}: full-precision weights asked for")
     if kind != "gguf" or source is None:
         return QuantChoice("none", f"a {kind} model has no quantized weights to keep")
     return _from_gguf(source if isinstance(source, GGUFFile) else read_gguf(source))
@@ -88,15 +89,21 @@ def _from_gguf(f: GGUFFile) -> QuantChoice:
 
 
 def resolve_dtype(name: str, device: torch.device, quantization: str = "none") -> torch.dtype:
-    """`model.dtype` given the resolved quantization (never auto here)."""
+    """`model.dtype` given the resolved quantization (never auto here).
+
+    With int4 weights the dtype is that of the activations: auto = float32, so that only the weight
+    reads are 4-bit and everything else (residual stream, norms, RoPE, attention, logits) is fp32
+    arithmetic, the same on every CPU; bfloat16 is the faster, CPU-dependent choice."""
     if quantization == "int4":
         if device.type != "cpu":
             raise ConfigError("model.quantization", "int4 runs on the CPU only (model.device: cpu)")
         if not int4_supported():
             raise ConfigError("model.quantization", "this torch build has no CPU int4 kernel; use none")
-        if name not in ("auto", "bfloat16"):
-            raise ConfigError("model.dtype", f"int4 weights run with bfloat16 activations, not {name}")
-        return torch.bfloat16
+        if name not in ("auto", "float32", "bfloat16"):
+            raise ConfigError(
+                "model.dtype", f"int4 weights run with float32 or bfloat16 activations, not {name}"
+            )
+        return torch.bfloat16 if name == "bfloat16" else torch.float32
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return _DTYPES[name]

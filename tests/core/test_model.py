@@ -226,8 +226,10 @@ def test_rope_table_matches_hf(tiny_hf_model: Any, scaling: dict[str, Any] | Non
     positions = torch.arange(arch.max_position)
     cos_ref, sin_ref = hf.model.rotary_emb(torch.zeros(1, dtype=torch.float32), positions[None])
     cos, sin = rope.cos_sin(positions)
-    torch.testing.assert_close(torch.cat([cos, cos], -1)[:, 0], cos_ref[0], atol=1e-6, rtol=0)
-    torch.testing.assert_close(torch.cat([sin, sin], -1)[:, 0], sin_ref[0], atol=1e-6, rtol=0)
+    half = arch.head_dim // 2  # rillet's tables: cos [c | c], sin [-s | s]
+    torch.testing.assert_close(cos[:, 0], cos_ref[0], atol=1e-6, rtol=0)
+    unsigned = torch.cat([-sin[:, 0, :half], sin[:, 0, half:]], -1)
+    torch.testing.assert_close(unsigned, sin_ref[0], atol=1e-6, rtol=0)
 
 
 def test_kv_cache_is_one_pool_with_per_layer_views(tiny_hf_model: Any) -> None:

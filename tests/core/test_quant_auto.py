@@ -148,7 +148,7 @@ def test_default_config_engine_runs_int4(caplog: pytest.LogCaptureFixture) -> No
     caplog.set_level(logging.INFO, logger="rillet.core.runtime")
     with LLM(config_from_dict({"cache": {"num_blocks": 64}})) as llm:
         rt = llm.engine.runtime
-        assert (rt.quantization, rt.dtype) == ("int4", torch.bfloat16)
+        assert (rt.quantization, rt.dtype) == ("int4", torch.float32)  # fp32 model, int4 weights
         model: Any = llm.engine.core.runner.model  # type: ignore[attr-defined]
         assert isinstance(model.layers[0].qkv_weight, Int4Weight) and model.quant_head is not None
         out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=2, temperature=0.0))

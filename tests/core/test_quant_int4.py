@@ -1,4 +1,4 @@
-"""Weight-only int4 for CPU decode: lossless on Q4_1-style groups, close logits, config checks."""
+"""Weight-only int4 for CPU decode: lossless on Q4_1-style groups, an exact-top-k int8 head, config checks."""
 
 from __future__ import annotations
 
@@ -61,10 +61,46 @@ def test_rejects_input_dim_not_multiple_of_group() -> None:
 
 def test_config_checks_name_the_key() -> None:
     with pytest.raises(ConfigError, match=r"model\.dtype"):
-        resolve_dtype("float32", torch.device("cpu"), "int4")
+        resolve_dtype("float16", torch.device("cpu"), "int4")
     with pytest.raises(ConfigError, match=r"model\.quantization"):
         resolve_dtype("auto", torch.device("cuda"), "int4")
-    assert resolve_dtype("auto", torch.device("cpu"), "int4") == torch.bfloat16
+    # int4 weights in a float32 model by default: only the matmul operands are bf16
+    assert resolve_dtype("auto", torch.device("cpu"), "int4") == torch.float32
+    assert resolve_dtype("bfloat16", torch.device("cpu"), "int4") == torch.bfloat16
+
+
+def q8_0_like(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Weights as Q8_0 stores them: per 32-group, x = c * d, c in [-127, 127], |c| = 127 present."""
+    g = torch.Generator().manual_seed(seed)
+    d = (torch.rand(n, k // GROUP, 1, generator=g) * 0.001 + 1e-4).half().float()
+    c = torch.randint(-127, 128, (n, k // GROUP, GROUP), generator=g).float()
+    c[..., 0] = 127
+    return (c * d).reshape(n, k)
+
+
+def test_int8_head_refines_its_top_logits_to_float32() -> None:
+    w = q8_0_like(512, 96)
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(5))
+    head = Int8Weight(w)
+    approx = head(x).float()
+    got = head.refine(x, approx, k=8)
+    exact = x.double() @ w.double().t()  # [3, 512]
+    top = approx.topk(8, dim=-1).indices
+    # the refined candidates are the float32 logits of the Q8_0 weights, the rest are untouched
+    torch.testing.assert_close(got.gather(1, top).double(), exact.gather(1, top), rtol=1e-6, atol=1e-6)
+    rest = torch.ones_like(got, dtype=torch.bool).scatter(1, top, False)
+    assert torch.equal(got[rest], approx[rest])
+    assert torch.equal(got.argmax(-1), exact.argmax(-1))
+
+
+def test_float32_activations_round_only_the_operands() -> None:
+    w = q4_1_like(64, 64, seed=2)
+    b = torch.randn(64)
+    x = torch.randn(2, 64)
+    y = lin(x, Int4Weight(w), b)
+    assert y.dtype == torch.float32  # bf16 matmul output widened by the fp32 bias add
+    want = x.bfloat16().float() @ w.t() + b
+    torch.testing.assert_close(y, want, atol=2e-2, rtol=2e-2)
 
 
 def test_default_model_int4_answers_like_full_precision() -> None:
