@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -64,3 +65,21 @@ def count_calls(obj: Any, name: str) -> Callable[[], int]:
 
     setattr(obj, name, wrapped)
     return lambda: calls[0]
+
+
+def hold_first_step(engine: Any, requests: int, timeout: float = 60.0) -> None:
+    """The engine's first model step waits until `requests` requests have been added, so the next
+    step admits them together, whatever the speed of this machine and of the clients."""
+    inner = engine.core.runner.step
+    held = [False]
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if not held[0]:
+            held[0] = True
+            deadline = time.monotonic() + timeout
+            while engine._added < requests and time.monotonic() < deadline:
+                time.sleep(0.005)
+        return inner(*args, **kwargs)
+
+    engine.core.runner.step = wrapped
+
