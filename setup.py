@@ -20,4 +20,6 @@ setup(
         "rillet.graphs",
     ],
     package_dir={"rillet": "."},
+    # the browser page (http/ui.py): plain HTML, CSS and JS, served from the installed package
+    package_data={"rillet.http": ["static/*"]},
 )

@@ -153,6 +153,7 @@ class ServerConfig:
     request_timeout_s: float | None = None  # per-request deadline; None = none
     drain_timeout_s: float = 30.0
     loop_nice: int = 0  # the event loop thread's nice increment (Linux); see http/process_tuning.py
+    ui: Literal["on", "off"] = "on"  # the browser page at / (chat playground, dashboard); off = 404
 
     def __post_init__(self) -> None:
         _check(0 <= self.loop_nice <= 19, "server.loop_nice", "must be in 0..19")

@@ -1,12 +1,18 @@
-"""Bearer API keys (`server.api_keys`); every route but /health needs one when any is configured."""
+"""Bearer API keys (`server.api_keys`); every route but /health and the browser page's static files
+needs one when any is configured.
+
+Routes are matched by their canonical form (`/ui/{version}/{name}`), never by the raw path, so no
+spelling of a path (`/ui/../v1/models`, percent-escapes) can reach an API route without a key.
+"""
 
 from __future__ import annotations
 
 import hmac
 
 from .errors import ApiError
+from .ui import PUBLIC_ROUTES
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_ROUTES = frozenset({"/health"}) | PUBLIC_ROUTES
 
 
 class ApiKeys:
@@ -17,9 +23,10 @@ class ApiKeys:
     def enabled(self) -> bool:
         return bool(self._keys)
 
-    def check(self, path: str, authorization: str | None) -> None:
-        """Raises a 401 unless the header is `Bearer <a configured key>`."""
-        if not self._keys or path in OPEN_PATHS:
+    def check(self, route: str, authorization: str | None) -> None:
+        """Raises a 401 unless the header is `Bearer <a configured key>` or `route` (the matched
+        route's canonical form; "unmatched" for none) is open."""
+        if not self._keys or route in OPEN_ROUTES:
             return
         if not authorization:
             raise _unauthorized("Missing API key: send 'Authorization: Bearer <key>'")

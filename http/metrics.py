@@ -100,6 +100,20 @@ def engine_samples(stats: Any, wakeups: int, active_streams: int) -> list[Sample
             hit,
         ),
         ("rillet_prefix_cache_blocks", "Blocks held by the prefix cache", "gauge", stats.cached_blocks),
+        # Token counters (vLLM's prefix_cache_queries / _hits): a hit rate over any window, not
+        # only since start, is the ratio of their increases.
+        (
+            "rillet_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache",
+            "counter",
+            stats.prompt_tokens,
+        ),
+        (
+            "rillet_prefix_cache_hits",
+            "Prompt tokens found in the prefix cache",
+            "counter",
+            stats.cached_prompt_tokens,
+        ),
         ("rillet_engine_steps", "Engine steps run", "counter", stats.steps),
         ("rillet_engine_busy_seconds", "Wall time spent in engine steps", "counter", stats.busy_seconds),
         ("rillet_ring_wakeups", "Engine -> event loop wake-ups", "counter", wakeups),

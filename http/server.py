@@ -16,6 +16,7 @@ from aiohttp.typedefs import Handler
 from .errors import ApiError, from_http_exception, headers_too_large, internal_error
 from .handlers import STATE, chat_completions, completions, get_model, health, list_models, metrics
 from .state import ServerState
+from .ui import add_ui_routes
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
     status = 500
     try:
         _check_header_size(request, state.cfg.server.max_header_bytes)
-        state.keys.check(request.path, request.headers.get("Authorization"))
+        state.keys.check(endpoint, request.headers.get("Authorization"))
         resp = await handler(request)
         status = resp.status
         return resp
@@ -77,6 +78,8 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_get("/v1/models/{model}", get_model)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    if state.cfg.server.ui == "on":
+        add_ui_routes(app)
     return app
 
 

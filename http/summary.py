@@ -32,4 +32,6 @@ def ready_banner(cfg: RilletConfig, engine: EngineLike, host: str, port: int) ->
         f"  try: curl {url}/v1/chat/completions -H 'Content-Type: application/json'{key_header} \\\n"
         f"         -d '{example}'",
     ]
+    if srv.ui == "on":
+        lines.insert(1, f"  browser   {url}/  (chat playground and live dashboard; server.ui: off hides it)")
     return "\n".join(lines)

@@ -45,3 +45,25 @@ def test_health_and_metrics(synth_server: BackgroundServer) -> None:
         "rillet_handoff_timeouts_total",
     ):
         _value(text, name)
+
+
+def test_prefix_cache_counters_give_a_hit_rate_over_any_window(synth_server: BackgroundServer) -> None:
+    engine = synth_server.state.engine
+    assert engine is not None
+
+    def counters() -> tuple[float, float]:
+        text = request(synth_server, "GET", "/metrics").text
+        queries = _value(text, "rillet_prefix_cache_queries_total")
+        return queries, _value(text, "rillet_prefix_cache_hits_total")
+
+    prompt = " ".join(f"word{i}" for i in range(40))  # several KV blocks
+    body = {"model": engine.model_name, "prompt": prompt, "max_tokens": 2}
+    q0, h0 = counters()
+    first = post(synth_server, "/v1/completions", body).json()["usage"]
+    q1, h1 = counters()
+    second = post(synth_server, "/v1/completions", body).json()["usage"]
+    q2, h2 = counters()
+    assert q1 - q0 == first["prompt_tokens"] and q2 - q1 == second["prompt_tokens"]
+    assert h1 - h0 == first["prompt_tokens_details"]["cached_tokens"]
+    cached = second["prompt_tokens_details"]["cached_tokens"]
+    assert cached > 0 and h2 - h1 == cached  # the repeated prompt's full blocks came from the cache
