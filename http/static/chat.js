@@ -73,7 +73,8 @@ export class Chat {
     this.abort = null;
     this.setBusy(false);
     if (run.error) view.item.append(el("div", "error", run.error));
-    view.item.append(statsView(run));
+    const stats = statsView(run);
+    if (stats.textContent) view.item.append(stats);
     view.item.dataset.state = run.state;
     if (run.content && run.state !== "error") {
       this.history.push({ role: "user", content: text }, { role: "assistant", content: run.content });

@@ -25,8 +25,13 @@ def test_page_is_served_with_a_strict_csp_and_revalidated() -> None:
         h = resp.headers
         assert h["content-type"] == "text/html; charset=utf-8"
         assert h["content-security-policy"] == CSP
-        for directive in ("default-src 'none'", "script-src 'self'", "connect-src 'self'",
-                          "require-trusted-types-for 'script'", "frame-ancestors 'none'"):
+        for directive in (
+            "default-src 'none'",
+            "script-src 'self'",
+            "connect-src 'self'",
+            "require-trusted-types-for 'script'",
+            "frame-ancestors 'none'",
+        ):
             assert directive in CSP
         assert "unsafe" not in CSP and "http" not in CSP  # no inline code, no other host
         assert h["x-content-type-options"] == "nosniff" and h["x-frame-options"] == "DENY"
@@ -98,8 +103,17 @@ def test_static_files_call_no_other_host_and_build_no_html() -> None:
         assert "@import" not in text and "url(" not in text, path.name
         if path.suffix == ".js":
             code = re.sub(r"^\s*//.*$", "", text, flags=re.M)  # comments may name what is avoided
-            for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(",
-                         "new Function", "setAttribute(\"on", "localStorage", "document.cookie"):
+            for sink in (
+                "innerHTML",
+                "outerHTML",
+                "insertAdjacentHTML",
+                "document.write",
+                "eval(",
+                "new Function",
+                'setAttribute("on',
+                "localStorage",
+                "document.cookie",
+            ):
                 assert sink not in code, (path.name, sink)
     page = (STATIC_DIR / "index.html").read_text()
     assert not re.search(r"<script(?![^>]*\bsrc=)", page)  # no inline script
