@@ -75,7 +75,7 @@ class Page:
 
     def answer(self, n: int, state: str = "done") -> str:
         item = f"li.msg.assistant:nth-of-type({2 * n})"  # user, assistant, user, ...
-        self.page.wait_for_selector(f"{item}[data-state={state}]", state="attached", timeout=30000)
+        self.page.wait_for_selector(f"{item}[data-state={state}]", state="attached", timeout=60000)
         return str(self.page.text_content(f"{item} .content"))
 
     def stats(self, n: int) -> dict[str, str]:
@@ -90,10 +90,22 @@ class Page:
         assert not self.errors, self.errors
 
 
+def _unstreamed(body: dict[str, Any]) -> dict[str, Any]:
+    """The same request, not streamed."""
+    return {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+
+
 def _shot(page: Any, name: str) -> None:
+    """bench/out/ui/<name>.png, and a 64-colour copy (<name>-small.png, ~20-40 KB) for the README."""
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"))
-    page.screenshot(path=str(SHOTS / f"{name}.jpg"), type="jpeg", quality=60)  # the README's copy
+    full = SHOTS / f"{name}.png"
+    page.screenshot(path=str(full))
+    try:
+        from PIL import Image
+    except ImportError:
+        return
+    small = Image.open(full).convert("RGB").quantize(64, dither=Image.Dither.NONE)
+    small.save(SHOTS / f"{name}-small.png", optimize=True)
 
 
 def test_chat_streams_equals_non_streamed_and_keeps_the_conversation(
@@ -115,9 +127,7 @@ def test_chat_streams_equals_non_streamed_and_keeps_the_conversation(
         lengths = streamed_lengths(p.evaluate("window.__updates"), 1, len(first))
         assert len(lengths) >= 3, lengths
         # the same greedy request, not streamed, gives the same text and the same usage
-        plain = chat(
-            server.host, server.port, {k: v for k, v in sent.items() if k not in ("stream", "stream_options")}
-        )
+        plain = chat(server.host, server.port, _unstreamed(sent))
         assert plain["choices"][0]["message"]["content"] == first
         stats = ui.stats(1)
         assert int(stats["completionTokens"]) == plain["usage"]["completion_tokens"] == 64
@@ -130,7 +140,6 @@ def test_chat_streams_equals_non_streamed_and_keeps_the_conversation(
         second = ui.answer(2)
         assert len(streamed_lengths(p.evaluate("window.__updates"), 2, len(second))) >= 3
         assert int(ui.stats(2)["cachedTokens"]) > 0
-        _shot(p, "chat")
     finally:
         ui.close()
 
@@ -282,6 +291,7 @@ def test_api_key_is_asked_for_and_sent_as_a_bearer_token(synthetic_engine: Any, 
 
 
 def test_real_model_answer_streams_and_equals_the_non_streamed_one(default_engine: Any, browser: Any) -> None:
+    """SmolLM2-135M, greedy: the text the page shows is the non-streamed answer, both turns."""
     with serving(default_engine) as srv:
         ui = Page(browser, srv.root_url)
         try:
@@ -289,12 +299,15 @@ def test_real_model_answer_streams_and_equals_the_non_streamed_one(default_engin
             p.fill("#temperature", "0")
             p.fill("#max_tokens", "16")
             p.evaluate(OBSERVE_ANSWER)
-            sent = ui.send("What is the capital of France?")
-            text = ui.answer(1)
-            assert len(streamed_lengths(p.evaluate("window.__updates"), 1, len(text))) >= 3
-            plain = chat(
-                srv.host, srv.port, {k: v for k, v in sent.items() if k not in ("stream", "stream_options")}
-            )
-            assert text and plain["choices"][0]["message"]["content"] == text
+            for n, question in enumerate(["What is the capital of France?", "And of Italy?"], 1):
+                sent = ui.send(question)
+                text = ui.answer(n)
+                assert len(streamed_lengths(p.evaluate("window.__updates"), n, len(text))) >= 3
+                plain = chat(srv.host, srv.port, _unstreamed(sent))
+                assert text and plain["choices"][0]["message"]["content"] == text
+            assert int(ui.stats(2)["cachedTokens"]) > 0  # the first turn's blocks, from the prefix cache
+            p.fill("#prompt", "")
+            p.locator("#prompt").blur()
+            _shot(p, "chat")
         finally:
             ui.close()
