@@ -1,5 +1,5 @@
 """The browser page at `/` over HTTP (no browser): headers, caching, auth, `server.ui`, and the
-static files themselves (no other host, no HTML strings). tests/browser/ drives it in Chromium."""
+static files themselves (no other host, no HTML strings). test_http_ui_browser.py drives it in Chromium."""
 
 from __future__ import annotations
 

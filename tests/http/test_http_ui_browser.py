@@ -4,6 +4,8 @@ equality. Skipped where Chromium or Playwright is missing. Screenshots go to ben
 
 from __future__ import annotations
 
+import http.client
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -214,6 +216,50 @@ def test_dashboard_charts_update_under_load(server: ServeProcess, browser: Any) 
         load.stop()
         ui.close()
     assert load.completed > 0 and not load.errors, load.errors
+
+
+def _histogram_quantile(q: float, cumulative: list[tuple[float, float]]) -> float | None:
+    """Prometheus' histogram_quantile over cumulative (upper bound, count) buckets, +Inf last."""
+    count = cumulative[-1][1]
+    if count <= 0:
+        return None
+    rank = q * count
+    b = next((i for i, (_, c) in enumerate(cumulative[:-1]) if c >= rank), len(cumulative) - 1)
+    if b == len(cumulative) - 1:
+        return cumulative[-2][0]
+    start, below = (0.0, 0.0) if b == 0 else cumulative[b - 1]
+    end, here = cumulative[b]
+    return start + (end - start) * (rank - below) / (here - below)
+
+
+def test_dashboard_percentiles_are_promqls_histogram_quantile(server: ServeProcess, browser: Any) -> None:
+    ui = Page(browser, server.root_url)
+    try:
+        p = ui.ready()
+        model = p.input_value("#model")
+        for n in (3, 9, 27):  # a few observations of each histogram
+            msg = {"role": "user", "content": f"count to {n}"}
+            chat(server.host, server.port, {"model": model, "messages": [msg], "max_tokens": n})
+        conn = http.client.HTTPConnection(server.host, server.port, timeout=10)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+        compute = """async ([text, name]) => {
+          const src = document.querySelector("script[type=module]").src.replace("app.js", "prom.js");
+          const prom = await import(src);
+          const b = prom.buckets(prom.parseMetrics(text), name);
+          return { b, q: [0.5, 0.9, 0.99].map((q) => prom.quantile(q, b)) };
+        }"""
+        for name in ("rillet_time_to_first_token_seconds", "rillet_inter_token_latency_seconds"):
+            got = p.evaluate(compute, [text, name])
+            pairs = re.findall(rf'^{name}_bucket{{le="([^"]+)"}} (\S+)$', text, re.M)
+            cumulative = [(float(le), float(c)) for le, c in pairs]
+            assert cumulative[-1][0] == float("inf") and cumulative[-1][1] > 0, name
+            assert [c for _, c in cumulative] == [c for _, c in got["b"]], name
+            want = [_histogram_quantile(q, cumulative) for q in (0.5, 0.9, 0.99)]
+            assert got["q"] == pytest.approx(want, rel=1e-9), name
+    finally:
+        ui.close()
 
 
 def test_markup_in_a_reply_or_an_error_is_shown_as_text(server: ServeProcess, browser: Any) -> None:
