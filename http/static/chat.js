@@ -8,6 +8,7 @@ export class Chat {
   constructor() {
     this.history = []; // finished turns: {role, content}, sent again with each new message
     this.abort = null; // AbortController of the answer being streamed
+    this.epoch = 0; // bumped by "New chat": an answer cut off by it joins no conversation
     this.list = $("messages");
     this.prompt = $("prompt");
     $("composer").addEventListener("submit", (e) => {
@@ -32,6 +33,7 @@ export class Chat {
   }
 
   reset() {
+    this.epoch += 1;
     this.abort?.abort();
     this.history = [];
     this.list.replaceChildren();
@@ -64,6 +66,7 @@ export class Chat {
     this.addMessage("user", text);
     const view = this.addMessage("assistant", "");
     const ctrl = new AbortController();
+    const epoch = this.epoch;
     this.abort = ctrl;
     this.setBusy(true);
     const run = await stream(body, ctrl.signal, (delta) => {
@@ -76,7 +79,7 @@ export class Chat {
     const stats = statsView(run);
     if (stats.textContent) view.item.append(stats);
     view.item.dataset.state = run.state;
-    if (run.content && run.state !== "error") {
+    if (run.content && run.state !== "error" && epoch === this.epoch) {
       this.history.push({ role: "user", content: text }, { role: "assistant", content: run.content });
     }
     this.scroll();
