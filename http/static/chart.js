@@ -48,7 +48,7 @@ export class LineChart {
     const top = yMax > 0 ? yMax : this.counts ? Math.max(4, Math.ceil(high / 4) * 4) : niceCeil(high);
     const x = (t) => PAD.left + ((t - (now - span)) / span) * (w - PAD.left - PAD.right);
     const y = (v) => h - PAD.bottom - (v / top) * (h - PAD.top - PAD.bottom);
-    this.grid(ctx, w, h, top, y, span);
+    this.grid(ctx, w, h, top, y, span, yMax > 0 || this.counts ? 4 : divisions(top));
     this.series.forEach((s, i) => {
       ctx.strokeStyle = ctx.fillStyle = cssVar(s.color);
       ctx.lineWidth = 1.6;
@@ -87,15 +87,15 @@ export class LineChart {
     return { ctx, w, h };
   }
 
-  grid(ctx, w, h, top, y, span) {
+  grid(ctx, w, h, top, y, span, steps) {
     ctx.font = "11px system-ui, sans-serif";
     ctx.fillStyle = cssVar("--muted");
     ctx.strokeStyle = cssVar("--grid");
     ctx.lineWidth = 1;
     ctx.textAlign = "right";
     ctx.textBaseline = "middle";
-    for (let i = 0; i <= 4; i++) {
-      const v = (top * i) / 4;
+    for (let i = 0; i <= steps; i++) {
+      const v = (top * i) / steps;
       const yy = Math.round(y(v)) + 0.5;
       ctx.beginPath();
       ctx.moveTo(PAD.left, yy);
@@ -117,6 +117,12 @@ function niceCeil(v) {
   const base = 10 ** Math.floor(Math.log10(v));
   for (const m of [1, 2, 2.5, 5, 10]) if (m * base >= v * 0.999999) return m * base;
   return 10 * base;
+}
+
+// Grid steps that land on round values: 2 -> 4 x 0.5; 1, 2.5, 5 -> 5 x 0.2, 0.5, 1 (x 10^k).
+function divisions(top) {
+  const mantissa = Math.round(top / 10 ** Math.floor(Math.log10(top)) * 10) / 10;
+  return mantissa === 2 ? 4 : 5;
 }
 
 function cssVar(name) {

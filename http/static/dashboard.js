@@ -12,9 +12,9 @@ const KEEP_S = 900; // history kept: the longest window the charts offer
 const WINDOW_S = 10; // hit rate and percentiles: over the last 10 s, like rate(x[10s])
 
 const fmtInt = (v) => String(Math.round(v));
-const fmtRate = (v) => (v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2));
+const fmtRate = (v) => (v >= 100 || v === 0 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2));
 const fmtPct = (v) => `${(v * 100).toFixed(v > 0 && v < 0.1 ? 1 : 0)}%`;
-const fmtSec = (v) => (v >= 1 ? `${v.toFixed(2)} s` : `${(v * 1000).toFixed(v < 0.01 ? 1 : 0)} ms`);
+const fmtSec = (v) => (v >= 1 ? `${v.toFixed(2)} s` : `${(v * 1000).toFixed(v > 0 && v < 0.01 ? 1 : 0)} ms`);
 
 export class Dashboard {
   constructor() {
@@ -48,7 +48,7 @@ export class Dashboard {
       }),
       hit: new LineChart(root, {
         id: "chart-hit",
-        title: `Prefix-cache hit rate (prompt tokens, last ${WINDOW_S} s)`,
+        title: `Prefix-cache hit rate (last ${WINDOW_S} s)`,
         series: [{ name: "hit rate", color: "--s1" }],
         format: fmtPct,
         yMax: 1,

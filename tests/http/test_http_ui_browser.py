@@ -98,7 +98,7 @@ def _unstreamed(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _shot(page: Any, name: str) -> None:
-    """bench/out/ui/<name>.png, and a 64-colour copy (<name>-small.png, ~20-40 KB) for the README."""
+    """bench/out/ui/<name>.png, and a 128-colour copy (<name>-small.png, ~25 KB) for the README."""
     SHOTS.mkdir(parents=True, exist_ok=True)
     full = SHOTS / f"{name}.png"
     page.screenshot(path=str(full))
@@ -106,7 +106,7 @@ def _shot(page: Any, name: str) -> None:
         from PIL import Image
     except ImportError:
         return
-    small = Image.open(full).convert("RGB").quantize(64, dither=Image.Dither.NONE)
+    small = Image.open(full).convert("RGB").quantize(128, dither=Image.Dither.NONE)
     small.save(SHOTS / f"{name}-small.png", optimize=True)
 
 
