@@ -1,6 +1,6 @@
 """Headless Chromium for the page at `/`: Debian's `chromium` package driven by Playwright.
 
-No browser is downloaded: Playwright launches the system binary. `CHROMIUM_MISSING` says why the
+No browser is downloaded: Playwright launches the system binary. `chromium_missing()` says why the
 browser tests skip (no binary, or no playwright package) so `make test` still runs without them.
 """
 
@@ -30,6 +30,7 @@ FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+VIEWPORT = {"width": 1200, "height": 760}
 SHOTS = Path(__file__).resolve().parents[2] / "bench" / "out" / "ui"
 
 
@@ -157,3 +158,79 @@ class LoadGen:
         self.done.set()
         for t in self.threads:
             t.join(60)
+
+
+class Page:
+    """A fresh context (own sessionStorage) with the page loaded; records every URL it requests."""
+
+    def __init__(self, browser: Any, root: str, hash_: str = "") -> None:
+        self.root = root
+        self.ctx = browser.new_context(viewport=VIEWPORT)
+        self.page = self.ctx.new_page()
+        self.urls: list[str] = []
+        self.dialogs: list[str] = []
+        self.errors: list[str] = []
+        self.page.on("request", lambda r: self.urls.append(r.url))
+        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.goto(f"{root}/{hash_}")
+
+    def ready(self) -> Any:
+        self.page.wait_for_selector("#server-status[data-state=ok]", timeout=15000)
+        return self.page
+
+    def send(self, text: str) -> dict[str, Any]:
+        """Types and sends a message; returns the JSON body the page posted."""
+        p = self.page
+        p.fill("#prompt", text)
+        with p.expect_request("**/v1/chat/completions") as req:
+            p.press("#prompt", "Enter")
+        return orjson.loads(req.value.post_data)  # type: ignore[no-any-return]
+
+    def answer(self, n: int, state: str = "done") -> str:
+        item = f"li.msg.assistant:nth-of-type({2 * n})"  # user, assistant, user, ...
+        self.page.wait_for_selector(f"{item}[data-state={state}]", state="attached", timeout=60000)
+        return str(self.page.text_content(f"{item} .content"))
+
+    def stats(self, n: int) -> dict[str, str]:
+        return self.page.eval_on_selector(  # type: ignore[no-any-return]
+            f"li.msg.assistant:nth-of-type({2 * n}) .stats", "e => ({...e.dataset, text: e.textContent})"
+        )
+
+    def close(self) -> None:
+        others = [u for u in self.urls if not u.startswith(self.root + "/")]
+        self.ctx.close()
+        assert not others, f"the page called other hosts: {others}"
+        assert not self.errors, self.errors
+
+
+def unstreamed(body: dict[str, Any]) -> dict[str, Any]:
+    """The same request, not streamed."""
+    return {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+
+
+def shot(page: Any, name: str) -> None:
+    """bench/out/ui/<name>.png, and a 128-colour copy (<name>-small.png, ~25 KB) for the README."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    full = SHOTS / f"{name}.png"
+    page.screenshot(path=str(full))
+    try:
+        from PIL import Image
+    except ImportError:
+        return
+    small = Image.open(full).convert("RGB").quantize(128, dither=Image.Dither.NONE)
+    small.save(SHOTS / f"{name}-small.png", optimize=True)
+
+
+def histogram_quantile(q: float, cumulative: list[tuple[float, float]]) -> float | None:
+    """Prometheus' histogram_quantile over cumulative (upper bound, count) buckets, +Inf last."""
+    count = cumulative[-1][1]
+    if count <= 0:
+        return None
+    rank = q * count
+    b = next((i for i, (_, c) in enumerate(cumulative[:-1]) if c >= rank), len(cumulative) - 1)
+    if b == len(cumulative) - 1:
+        return cumulative[-2][0]
+    start, below = (0.0, 0.0) if b == 0 else cumulative[b - 1]
+    end, here = cumulative[b]
+    return start + (end - start) * (rank - below) / (here - below)

@@ -14,20 +14,22 @@ import orjson
 import pytest
 from browser_helpers import (
     OBSERVE_ANSWER,
-    SHOTS,
     LoadGen,
+    Page,
     chat,
     chromium,
     chromium_missing,
+    histogram_quantile,
     metric_values,
+    shot,
     streamed_lengths,
+    unstreamed,
 )
 from http_helpers import serving, wait_for
 from proc_helpers import ServeProcess
 
 pytestmark = pytest.mark.skipif(chromium_missing() is not None, reason=str(chromium_missing()))
 
-VIEWPORT = {"width": 1200, "height": 760}
 RUNNING = "rillet_num_requests_running"
 PAYLOAD = "<img src=x onerror=alert(1)>"
 
@@ -46,68 +48,6 @@ def server() -> Iterator[ServeProcess]:
 def browser() -> Iterator[Any]:
     with chromium() as b:
         yield b
-
-
-class Page:
-    """A fresh context (own sessionStorage) with the page loaded; records every URL it requests."""
-
-    def __init__(self, browser: Any, root: str, hash_: str = "") -> None:
-        self.root = root
-        self.ctx = browser.new_context(viewport=VIEWPORT)
-        self.page = self.ctx.new_page()
-        self.urls: list[str] = []
-        self.dialogs: list[str] = []
-        self.errors: list[str] = []
-        self.page.on("request", lambda r: self.urls.append(r.url))
-        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.goto(f"{root}/{hash_}")
-
-    def ready(self) -> Any:
-        self.page.wait_for_selector("#server-status[data-state=ok]", timeout=15000)
-        return self.page
-
-    def send(self, text: str) -> dict[str, Any]:
-        """Types and sends a message; returns the JSON body the page posted."""
-        p = self.page
-        p.fill("#prompt", text)
-        with p.expect_request("**/v1/chat/completions") as req:
-            p.press("#prompt", "Enter")
-        return orjson.loads(req.value.post_data)  # type: ignore[no-any-return]
-
-    def answer(self, n: int, state: str = "done") -> str:
-        item = f"li.msg.assistant:nth-of-type({2 * n})"  # user, assistant, user, ...
-        self.page.wait_for_selector(f"{item}[data-state={state}]", state="attached", timeout=60000)
-        return str(self.page.text_content(f"{item} .content"))
-
-    def stats(self, n: int) -> dict[str, str]:
-        return self.page.eval_on_selector(  # type: ignore[no-any-return]
-            f"li.msg.assistant:nth-of-type({2 * n}) .stats", "e => ({...e.dataset, text: e.textContent})"
-        )
-
-    def close(self) -> None:
-        others = [u for u in self.urls if not u.startswith(self.root + "/")]
-        self.ctx.close()
-        assert not others, f"the page called other hosts: {others}"
-        assert not self.errors, self.errors
-
-
-def _unstreamed(body: dict[str, Any]) -> dict[str, Any]:
-    """The same request, not streamed."""
-    return {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-
-
-def _shot(page: Any, name: str) -> None:
-    """bench/out/ui/<name>.png, and a 128-colour copy (<name>-small.png, ~25 KB) for the README."""
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    full = SHOTS / f"{name}.png"
-    page.screenshot(path=str(full))
-    try:
-        from PIL import Image
-    except ImportError:
-        return
-    small = Image.open(full).convert("RGB").quantize(128, dither=Image.Dither.NONE)
-    small.save(SHOTS / f"{name}-small.png", optimize=True)
 
 
 def test_chat_streams_equals_non_streamed_and_keeps_the_conversation(
@@ -129,7 +69,7 @@ def test_chat_streams_equals_non_streamed_and_keeps_the_conversation(
         lengths = streamed_lengths(p.evaluate("window.__updates"), 1, len(first))
         assert len(lengths) >= 3, lengths
         # the same greedy request, not streamed, gives the same text and the same usage
-        plain = chat(server.host, server.port, _unstreamed(sent))
+        plain = chat(server.host, server.port, unstreamed(sent))
         assert plain["choices"][0]["message"]["content"] == first
         stats = ui.stats(1)
         assert int(stats["completionTokens"]) == plain["usage"]["completion_tokens"] == 64
@@ -211,28 +151,14 @@ def test_dashboard_charts_update_under_load(server: ServeProcess, browser: Any) 
             assert len(images - {idle[c]}) >= 3, c
         time.sleep(2)  # a few more seconds of history for the screenshot
         p.set_viewport_size({"width": 1200, "height": 580})  # the charts, not the empty space below
-        _shot(p, "dashboard")
+        shot(p, "dashboard")
     finally:
         load.stop()
         ui.close()
     assert load.completed > 0 and not load.errors, load.errors
 
 
-def _histogram_quantile(q: float, cumulative: list[tuple[float, float]]) -> float | None:
-    """Prometheus' histogram_quantile over cumulative (upper bound, count) buckets, +Inf last."""
-    count = cumulative[-1][1]
-    if count <= 0:
-        return None
-    rank = q * count
-    b = next((i for i, (_, c) in enumerate(cumulative[:-1]) if c >= rank), len(cumulative) - 1)
-    if b == len(cumulative) - 1:
-        return cumulative[-2][0]
-    start, below = (0.0, 0.0) if b == 0 else cumulative[b - 1]
-    end, here = cumulative[b]
-    return start + (end - start) * (rank - below) / (here - below)
-
-
-def test_dashboard_percentiles_are_promqls_histogram_quantile(server: ServeProcess, browser: Any) -> None:
+def test_dashboard_percentiles_are_promqlshistogram_quantile(server: ServeProcess, browser: Any) -> None:
     ui = Page(browser, server.root_url)
     try:
         p = ui.ready()
@@ -256,7 +182,7 @@ def test_dashboard_percentiles_are_promqls_histogram_quantile(server: ServeProce
             cumulative = [(float(le), float(c)) for le, c in pairs]
             assert cumulative[-1][0] == float("inf") and cumulative[-1][1] > 0, name
             assert [c for _, c in cumulative] == [c for _, c in got["b"]], name
-            want = [_histogram_quantile(q, cumulative) for q in (0.5, 0.9, 0.99)]
+            want = [histogram_quantile(q, cumulative) for q in (0.5, 0.9, 0.99)]
             assert got["q"] == pytest.approx(want, rel=1e-9), name
     finally:
         ui.close()
@@ -349,11 +275,11 @@ def test_real_model_answer_streams_and_equals_the_non_streamed_one(default_engin
                 sent = ui.send(question)
                 text = ui.answer(n)
                 assert len(streamed_lengths(p.evaluate("window.__updates"), n, len(text))) >= 3
-                plain = chat(srv.host, srv.port, _unstreamed(sent))
+                plain = chat(srv.host, srv.port, unstreamed(sent))
                 assert text and plain["choices"][0]["message"]["content"] == text
             assert int(ui.stats(2)["cachedTokens"]) > 0  # the first turn's blocks, from the prefix cache
             p.fill("#prompt", "")
             p.locator("#prompt").blur()
-            _shot(p, "chat")
+            shot(p, "chat")
         finally:
             ui.close()
