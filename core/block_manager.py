@@ -126,11 +126,14 @@ class BlockManager:
 
     # ---- after a step: register newly full blocks --------------------------------------------
     def commit(self, seq: Sequence) -> None:
-        """Call once `seq.num_computed` has advanced: full blocks become findable by later requests."""
+        """Call once `seq.num_computed` has advanced: full blocks become findable by later requests.
+
+        A block is keyed by its tokens, so one holding a pending token (overlap: computed on the
+        device, id not yet on the host) waits for the next commit after the host has that token."""
         if not self.enable_prefix_caching:
             return
         hashes = self._seq_hashes.setdefault(seq.seq_id, [])
-        for i in range(len(hashes), seq.num_computed // self.block_size):
+        for i in range(len(hashes), min(seq.num_computed, seq.num_tokens) // self.block_size):
             key = self._key(seq, i, hashes[-1] if hashes else 0)
             block = seq.block_table[i]
             if key not in self._block_of and block not in self._key_of:

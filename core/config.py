@@ -52,6 +52,9 @@ class ModelConfig:
     seed: int = 0  # weights of random "shape"/tiny models
     shape: str = "mistral-7b"  # architecture preset used when kind == "shape"
     synthetic_step_ms: float = 5.0  # null engine: time one step takes, no compute
+    # null engine: a launch returns at once and the tokens are ready synthetic_step_ms later, on a
+    # simulated device timeline (like a GPU); false = each step sleeps synthetic_step_ms in place
+    synthetic_async: bool = False
     synthetic_vocab_size: int = 49152
     # int4 = weight-only int4 (group 32), bf16 activations, CPU only: ~8x fewer weight bytes than fp32.
     # auto = int4 for a mostly 4-bit GGUF on CPU with dtype auto/bfloat16, else none (quant_select.py).
@@ -97,6 +100,14 @@ class SchedulerConfig:
             "must be >= scheduler.max_num_seqs (every running sequence needs one token per step)",
         )
         _check(self.max_waiting >= 1, "scheduler.max_waiting", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # Overlapped steps: launch step N+1 (its decode inputs read N's tokens on the device) before
+    # the host post-processes step N. auto = on for CUDA and for the asynchronous null engine, off
+    # for CPU models (there torch runs a step on the calling thread: nothing to overlap).
+    overlap: Literal["auto", "on", "off"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -182,6 +193,7 @@ class RilletConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     graphs: GraphConfig = field(default_factory=GraphConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from .config import RilletConfig
 from .engine_core import EngineCore
 from .outputs import StepOutput
+from .overlap import resolve_overlap
 from .request import FinishReason, Sequence
 from .ring import RingClosed, SpscRing
 from .runtime import Runtime, load_runtime
@@ -62,6 +63,7 @@ class EngineStats:
     ring_wakeups: int = 0
     ring_full_waits: int = 0
     handoff_timeouts: int = 0  # model runs started after waiting stream.handoff_timeout_ms for the loop
+    device_wait_seconds: float = 0.0  # of busy_seconds: blocked waiting for launched steps' tokens
 
 
 # Inbox items: a new request's sequences, or the id of a request to abort.
@@ -112,7 +114,10 @@ class Engine:
         self.tokenizer = rt.tokenizer
         self.model_name = rt.model_name
         self.max_model_len = rt.max_model_len
-        self.core = EngineCore(rt.scheduler, rt.runner, rt.make_detokenizer, rt.max_model_len)
+        m, overlap = self.cfg.model, self.cfg.engine.overlap
+        self.overlap, why = resolve_overlap(overlap, rt.device.type, m.kind, m.synthetic_async)
+        log.info("engine overlap: %s", why)
+        self.core = EngineCore(rt.scheduler, rt.runner, rt.make_detokenizer, rt.max_model_len, self.overlap)
         self.handoff_s = resolve_handoff(self.cfg, rt.device.type)
         state = "off" if self.handoff_s is None else f"on (<= {self.handoff_s * 1000:g} ms)"
         log.info("stream handoff: %s", state)
@@ -208,6 +213,7 @@ class Engine:
             ring_wakeups=self.ring.wakeups,
             ring_full_waits=self.ring.full_waits,
             handoff_timeouts=self.ring.release_timeouts,
+            device_wait_seconds=self.core.wait_seconds,
         )
 
     # ---- the engine thread ---------------------------------------------------------------------

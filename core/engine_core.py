@@ -1,5 +1,8 @@
-"""One engine step, synchronously: schedule, run, sample, detokenize, stop, publish deltas.
+"""One engine step: schedule, launch, sample, detokenize, stop, publish deltas.
 
+Synchronously (overlap off) a step lands the step it launched: its tokens are post-processed before
+the next step is scheduled. With overlap on (core/overlap.py) a step lands the previous one after
+launching its own, so the host's work on step N runs while the device runs step N+1.
 Threading lives in engine.py; this class is driven by exactly one thread and holds no locks.
 """
 
@@ -12,8 +15,9 @@ from dataclasses import dataclass
 
 from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer
-from .model_runner import Runner
+from .model_runner import InflightStep, Runner
 from .outputs import SeqDelta, StepOutput
+from .overlap import needs_host_tokens
 from .request import FinishReason, SeqStatus, Sequence, TokenLogprob
 from .sampler import SampleResult
 from .scheduler import ScheduledBatch, Scheduler
@@ -37,6 +41,7 @@ class EngineCore:
         runner: Runner,
         make_detokenizer: Callable[[Sequence], IncrementalDetokenizer],
         max_model_len: int,
+        overlap: bool = False,
     ) -> None:
         self.scheduler = scheduler
         self.blocks: BlockManager = scheduler.blocks
@@ -45,8 +50,12 @@ class EngineCore:
         self.max_model_len = max_model_len
         self.seqs: dict[str, list[Sequence]] = {}  # request_id -> its live choices
         self._detok: dict[int, IncrementalDetokenizer] = {}
+        self.overlap = overlap
+        self._inflight: InflightStep | None = None  # launched, not yet landed (overlap only)
+        self._host_token_seqs = 0  # live sequences that make overlapped steps synchronous
         self.steps = 0
         self.generated_tokens = 0
+        self.wait_seconds = 0.0  # time blocked waiting for launched steps' tokens
         # Fault injection for tests: request ids whose post-processing raises.
         self.fail_request_ids: set[str] = set()
 
@@ -57,6 +66,7 @@ class EngineCore:
         self.seqs[seqs[0].request_id] = seqs
         for seq, detok in zip(seqs, detoks, strict=True):
             self._detok[seq.seq_id] = detok
+            self._host_token_seqs += needs_host_tokens(seq)
             self.scheduler.add(seq)
 
     def reject(self, seqs: list[Sequence], error: str) -> list[SeqDelta]:
@@ -90,43 +100,74 @@ class EngineCore:
         return len(self.scheduler.running)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self._inflight is not None or self.scheduler.has_work()
 
     # ---- the step ----------------------------------------------------------------------------
     def step(self, before_run: Callable[[], None] | None = None) -> StepOutput | None:
-        """One scheduling + model step. `before_run` is called once the batch is scheduled, just
-        before the model runs (not at all when nothing is scheduled): the engine publishes the
-        previous step's output there, so the front end's work on it overlaps this step's compute
+        """One scheduling + launch step. `before_run` is called once the batch is scheduled, just
+        before it is launched (not at all when nothing is scheduled): the engine publishes the
+        previous step's output there, so the front end's work on it overlaps the device's work
         instead of competing with the scheduling for the GIL."""
         deltas = self._expire_deadlines()
+        if self._inflight is not None and self._host_token_seqs:
+            deltas.extend(self._land())  # synchronous fallback (core/overlap.py)
         batch = self.scheduler.schedule()
-        if not batch.seqs:
-            return StepOutput(self.steps, deltas) if deltas else None
-        self.steps += 1
-        if before_run is not None:
-            before_run()
-        try:
-            sampled, result = self.runner.step(batch)
-        except Exception as exc:  # a failed forward fails this batch, not the engine
-            log.exception("model step failed; failing %d sequences", len(batch.seqs))
-            for seq in list(batch.seqs):
-                deltas.extend(self.abort(seq.request_id, FinishReason.ERROR, f"model step failed: {exc}"))
-            return StepOutput(self.steps, deltas)
-        self._advance(batch)
-        deltas.extend(self._postprocess(sampled, result))
-        return StepOutput(self.steps, deltas)
+        launched = None
+        if batch.seqs:
+            self.steps += 1
+            if before_run is not None:
+                before_run()
+            launched = self._launch(batch, deltas)
+        if self._inflight is not None:
+            deltas.extend(self._land())
+        self._inflight = launched
+        if not self.overlap and launched is not None:
+            deltas.extend(self._land())
+        return StepOutput(self.steps, deltas) if batch.seqs or deltas else None
 
-    def _advance(self, batch: ScheduledBatch) -> None:
+    def _launch(self, batch: ScheduledBatch, deltas: list[SeqDelta]) -> InflightStep | None:
+        try:
+            launched = self.runner.launch(batch)
+        except Exception as exc:  # a failed forward fails this batch, not the engine
+            self._fail(batch.seqs, exc, deltas)
+            return None
         for seq, n in zip(batch.seqs, batch.num_new, strict=True):
             seq.num_computed += n
             self.blocks.commit(seq)
+        for seq in launched.seqs:
+            seq.num_pending += 1
+        return launched
+
+    def _land(self) -> list[SeqDelta]:
+        """Waits for the launched step's tokens and post-processes them."""
+        launched, self._inflight = self._inflight, None
+        assert launched is not None
+        deltas: list[SeqDelta] = []
+        t0 = time.perf_counter()
+        try:
+            result = launched.wait()
+        except Exception as exc:
+            self._fail(launched.seqs, exc, deltas)
+            return deltas
+        finally:
+            self.wait_seconds += time.perf_counter() - t0
+            for seq in launched.seqs:
+                seq.num_pending -= 1
+        deltas.extend(self._postprocess(launched.seqs, result))
+        return deltas
+
+    def _fail(self, seqs: list[Sequence], exc: Exception, deltas: list[SeqDelta]) -> None:
+        log.exception("model step failed; failing %d sequences", len(seqs))
+        for seq in list(seqs):
+            deltas.extend(self.abort(seq.request_id, FinishReason.ERROR, f"model step failed: {exc}"))
 
     def _postprocess(self, sampled: list[Sequence], result: SampleResult) -> list[SeqDelta]:
         deltas: list[SeqDelta] = []
         now = time.monotonic()
+        block_size = self.blocks.block_size
         for i, seq in enumerate(sampled):
             if seq.is_finished:
-                continue
+                continue  # stopped at the step before (overlap): this token was never wanted
             try:
                 if seq.request_id in self.fail_request_ids:
                     raise RuntimeError("injected fault")
@@ -137,6 +178,10 @@ class EngineCore:
                 continue
             if pending is not None:
                 deltas.append(self._delta(seq, pending))
+            # overlap: the new token completed a block that the step in flight has computed
+            full = seq.num_tokens % block_size == 0 and seq.num_computed >= seq.num_tokens
+            if full and seq.status is SeqStatus.RUNNING:
+                self.blocks.commit(seq)
         return deltas
 
     def _append_token(
@@ -156,6 +201,7 @@ class EngineCore:
 
     # ---- finishing ---------------------------------------------------------------------------
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        self._host_token_seqs -= needs_host_tokens(seq)
         self.scheduler.finish(seq, reason)
         self.runner.release(seq)
         self._detok.pop(seq.seq_id, None)

@@ -1,13 +1,13 @@
-"""Turns a scheduled batch into tensors, runs the model and samples: one call per engine step.
+"""Turns a scheduled batch into tensors, runs the model and samples: one launch per engine step.
 
-Token layout of a step (T tokens, B sequences): prefill chunks first, then decodes, each sequence's
-new tokens contiguous. Sequence b feeds tokens [num_computed, num_computed + num_new) of its
-prompt + output; it samples only when that chunk reaches its last token.
+`launch` queues the whole step on the device (inputs from step_inputs.py, forward, sampling, the
+sampled tokens into the future buffer, their copy to the host) and returns an `InflightStep`
+without waiting; its `wait()` gives the tokens. On CPU torch runs the ops as they are called, so a
+launch there returns once the step is done. The token layout of a step is in step_inputs.py.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -18,72 +18,39 @@ from rillet.graphs.runner import GraphRunner
 from .attention import AttentionMetadata
 from .model import DecoderModel, KVCache
 from .request import Sequence
+from .sample_output import HostSample
 from .sampler import Sampler, SampleResult
 from .scheduler import ScheduledBatch
+from .step_inputs import InputBuilder, StepInputs
 
 
-@dataclass
-class StepInputs:
-    input_ids: torch.Tensor  # [T] int64
-    positions: torch.Tensor  # [T] int64
-    meta: AttentionMetadata
-    sample_rows: torch.Tensor  # [S] int64: row of T whose hidden state gives each sampled logit
-    sample_seqs: list[Sequence]  # [S]
+class InflightStep(Protocol):
+    """A launched step: `seqs` are the sequences it samples, in the order of `wait()`'s rows."""
 
+    seqs: list[Sequence]
 
-def order_batch(batch: ScheduledBatch) -> list[tuple[Sequence, int]]:
-    """Prefill chunks (more than one new token) first, then decodes; stable within each group."""
-    pairs = list(zip(batch.seqs, batch.num_new, strict=True))
-    return [p for p in pairs if p[1] > 1] + [p for p in pairs if p[1] == 1]
-
-
-def build_inputs(batch: ScheduledBatch, block_size: int, device: torch.device) -> StepInputs:
-    ids: list[int] = []
-    pos: list[int] = []
-    slots: list[int] = []
-    qstart = [0]
-    seq_lens: list[int] = []
-    q_lens: list[int] = []
-    rows: list[int] = []
-    sample_seqs: list[Sequence] = []
-    pairs = order_batch(batch)
-    for seq, n in pairs:
-        start, end = seq.num_computed, seq.num_computed + n
-        ids.extend(seq.tokens(start, end))
-        pos.extend(range(start, end))
-        table = seq.block_table
-        slots.extend(table[p // block_size] * block_size + p % block_size for p in range(start, end))
-        qstart.append(qstart[-1] + n)
-        seq_lens.append(end)
-        q_lens.append(n)
-        if end == seq.num_tokens:
-            rows.append(qstart[-1] - 1)
-            sample_seqs.append(seq)
-    width = max(len(s.block_table) for s, _ in pairs)
-    tables = [s.block_table + [0] * (width - len(s.block_table)) for s, _ in pairs]
-
-    def t(x: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(x, dtype=dtype).to(device, non_blocking=True)
-
-    meta = AttentionMetadata(
-        slot_mapping=t(slots, torch.int64),
-        query_start=t(qstart, torch.int32),
-        seq_lens=t(seq_lens, torch.int32),
-        block_tables=t(tables, torch.int32),
-        query_lens_cpu=q_lens,
-        seq_lens_cpu=seq_lens,
-        block_size=block_size,
-        num_prefills=sum(1 for n in q_lens if n > 1),
-    )
-    return StepInputs(t(ids, torch.int64), t(pos, torch.int64), meta, t(rows, torch.int64), sample_seqs)
+    def wait(self) -> SampleResult: ...
 
 
 class Runner(Protocol):
-    """What the engine needs from a model: run one scheduled step, return sampled tokens."""
+    """What the engine needs from a model: launch one scheduled step; forget a finished sequence.
 
-    def step(self, batch: ScheduledBatch) -> tuple[list[Sequence], SampleResult]: ...
+    A launch reads each sequence's host state as it is then (num_computed, tokens, blocks,
+    num_pending); a decode whose input token is pending takes it from the previous launch's
+    output on the device. Launches run on the device in the order they are made."""
+
+    def launch(self, batch: ScheduledBatch) -> InflightStep: ...
 
     def release(self, seq: Sequence) -> None: ...
+
+
+@dataclass
+class _Launched:
+    seqs: list[Sequence]
+    host: HostSample
+
+    def wait(self) -> SampleResult:
+        return self.host.wait()
 
 
 class DecoderGraphAdapter:
@@ -132,10 +99,25 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.graph_runner = graph_runner
+        self.inputs = InputBuilder(block_size, device)
+
+    def step(self, batch: ScheduledBatch) -> tuple[list[Sequence], SampleResult]:
+        """One step, synchronously."""
+        launched = self.launch(batch)
+        return launched.seqs, launched.wait()
 
     @torch.inference_mode()
-    def step(self, batch: ScheduledBatch) -> tuple[list[Sequence], SampleResult]:
-        inp = build_inputs(batch, self.block_size, self.device)
+    def launch(self, batch: ScheduledBatch) -> InflightStep:
+        inp = self.inputs.build(batch)
+        hidden = self._hidden(inp)
+        if not inp.sample_seqs:  # prefill chunks that sample nothing yet
+            return _Launched([], HostSample(torch.empty(0, dtype=torch.int64), None, 0, None))
+        logits = self.model.compute_logits(hidden)  # [S, V]
+        sample = self.sampler.sample_device(logits, inp.sample_seqs)
+        self.inputs.store_sampled(inp, sample.tokens)
+        return _Launched(inp.sample_seqs, sample.start_copy())
+
+    def _hidden(self, inp: StepInputs) -> torch.Tensor:  # [S, H]: the rows that sample
         m = inp.meta
         if self.graph_runner is not None and m.is_decode_only:
             hidden = self.graph_runner.run(
@@ -153,35 +135,10 @@ class ModelRunner:
             self.model.backend.begin_step(m)
             hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, m)  # [T, H]
             if not inp.sample_seqs:
-                return [], SampleResult([], [])
+                return hidden[:0]
             hidden = hidden.index_select(0, inp.sample_rows)
-        logits = self.model.compute_logits(hidden)  # [S, V]
-        return inp.sample_seqs, self.sampler.sample(logits, inp.sample_seqs)
+        return hidden
 
     def release(self, seq: Sequence) -> None:
         self.sampler.release(seq.seq_id)
-
-
-class SyntheticRunner:
-    """The null engine: deterministic tokens, a fixed step time, no compute.
-
-    The next token depends only on the sequence's prompt and position, so outputs are the same
-    batched or alone, streamed or not. Tokens come from `token_pool` (ordinary text tokens).
-    """
-
-    def __init__(self, step_ms: float, token_pool: list[int]) -> None:
-        self.step_s = step_ms / 1000.0
-        self.pool = token_pool
-
-    def step(self, batch: ScheduledBatch) -> tuple[list[Sequence], SampleResult]:
-        if self.step_s > 0:
-            time.sleep(self.step_s)  # like a GPU wait: releases the GIL
-        seqs = [
-            s for s, n in zip(batch.seqs, batch.num_new, strict=True) if s.num_computed + n == s.num_tokens
-        ]
-        pool = self.pool
-        ids = [pool[(s.num_tokens * 7919 + s.prompt_ids[0] + s.index * 104729) % len(pool)] for s in seqs]
-        return seqs, SampleResult(ids, [None] * len(ids))
-
-    def release(self, seq: Sequence) -> None:
-        pass
+        self.inputs.release(seq)

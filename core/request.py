@@ -6,9 +6,13 @@ Counters, all in tokens:
   num_tokens          prompt_len + len(output_ids): every token the sequence holds
   num_computed        tokens whose K/V are written in the cache (prefix hits included)
   num_cached          of the prompt, tokens reused from the prefix cache at the last admission
-Invariant while RUNNING: num_computed <= num_tokens and the block table covers num_computed tokens
-(plus the slots being written this step). Preemption frees the blocks and resets num_computed to 0:
-the sequence recomputes prompt + output so far, so its output continues exactly where it stopped.
+  num_pending         sampled on the device, not yet seen by the host (overlap: <= 1 when scheduling)
+  num_scheduled_tokens  num_tokens + num_pending: the length the scheduler plans with
+Invariant while RUNNING: num_computed <= num_scheduled_tokens and the block table covers
+num_computed tokens (plus the slots being written this step). With overlap, num_computed may pass
+num_tokens by the pending token: its K/V is written by the step in flight, its id is on the device.
+Preemption frees the blocks and resets num_computed to 0: the sequence recomputes prompt + output
+so far, so its output continues exactly where it stopped.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class Sequence:
     num_computed: int = 0
     num_cached: int = 0
     num_preemptions: int = 0
+    num_pending: int = 0
     first_token_time: float | None = None
     deadline: float | None = None  # monotonic time after which the request is cut off
     error: str | None = None
@@ -69,13 +74,22 @@ class Sequence:
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
+    def num_scheduled_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids) + self.num_pending
+
+    @property
+    def num_generated(self) -> int:
+        """Output tokens sampled so far, the pending one included."""
+        return len(self.output_ids) + self.num_pending
+
+    @property
     def is_finished(self) -> bool:
         return self.status is SeqStatus.FINISHED
 
     @property
     def in_prefill(self) -> bool:
         """True until every token but the newest has K/V in the cache (the newest is fed next)."""
-        return self.num_computed < self.num_tokens - 1
+        return self.num_computed < self.num_scheduled_tokens - 1
 
     def token_at(self, i: int) -> int:
         p = len(self.prompt_ids)

@@ -25,11 +25,12 @@ from .loaders.gguf_file import GGUFFile, read_gguf
 from .model import DecoderModel, allocate_kv_cache, build_model
 from .model.arch import ModelArch
 from .model.shapes import shape_arch
-from .model_runner import DecoderGraphAdapter, ModelRunner, Runner, SyntheticRunner
+from .model_runner import DecoderGraphAdapter, ModelRunner, Runner
 from .quant.select import Quantization, resolve_dtype, resolve_quantization
 from .request import Sequence
 from .sampler import Sampler
 from .scheduler import Scheduler
+from .synthetic_runner import SyntheticRunner
 from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -283,7 +284,8 @@ def _synthetic_runtime(
     num_blocks = cfg.cache.num_blocks or 4096
     blocks = BlockManager(num_blocks, cfg.cache.block_size, cfg.cache.prefix_caching)
     report("ready", 1.0)
-    runner = SyntheticRunner(cfg.model.synthetic_step_ms, pool)
+    m = cfg.model
+    runner = SyntheticRunner(m.synthetic_step_ms, pool, m.synthetic_async, cfg.cache.block_size)
     return Runtime(
         tok,
         name,

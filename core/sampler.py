@@ -23,17 +23,14 @@ from itertools import chain
 
 import torch
 
-from .request import Sequence, TokenLogprob
+from .request import Sequence
+from .sample_output import DeviceSample, SampleResult, pack_logprobs
+
+__all__ = ["DeviceSample", "SampleResult", "Sampler"]
 
 GREEDY_EPS = 1e-5  # temperatures below this are greedy (dividing by them overflows float32)
 _TOP_P_OFF = 2.0  # above any cumulative sum, so rounding past 1.0 never drops tail tokens
 _CPU_PREFIX = 1024  # on CPU, top-p first tries the best 1024 tokens instead of sorting all
-
-
-@dataclass(slots=True)
-class SampleResult:
-    token_ids: list[int]  # one per row, in the order of the seqs passed to `sample`
-    logprobs: list[TokenLogprob | None]  # None where the row's params.logprobs is None
 
 
 def to_device(data: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -164,17 +161,28 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
         """logits [B, V] float32, rows in the order of `seqs`. Does not modify `logits`."""
+        return self.sample_device(logits, seqs).start_copy().wait()
+
+    def sample_device(self, logits: torch.Tensor, seqs: list[Sequence]) -> DeviceSample:
+        """As `sample`, but the result stays on the device (sample_output.py): nothing waits for it.
+
+        Reads only host state that is complete while a step is in flight (params, the count of
+        outputs with the pending one); penalised rows also read the output ids, so the engine
+        lands the step in flight before it schedules them (core/overlap.py)."""
         if all(self._plain_greedy(s) for s in seqs):
-            return SampleResult(logits.argmax(dim=-1).tolist(), [None] * len(seqs))
+            return DeviceSample(logits.argmax(dim=-1))
         logits = logits.to(torch.float32, copy=True)
         self._penalise(logits, seqs)
         self._mask_min_tokens(logits, seqs)
         lp_rows = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
-        logprobs = logits[self._index(lp_rows)].log_softmax(dim=-1) if lp_rows else None  # [L, V]
+        logprobs = None
+        if lp_rows:
+            index = self._index(lp_rows)
+            logprobs = logits[index].log_softmax(dim=-1)  # [L, V]
         tokens = self._choose(logits, seqs)  # [B] long
         if logprobs is None:
-            return SampleResult(tokens.tolist(), [None] * len(seqs))
-        return self._with_logprobs(tokens, logprobs, lp_rows, seqs)
+            return DeviceSample(tokens)
+        return pack_logprobs(tokens, logprobs, lp_rows, seqs, index)
 
     def _plain_greedy(self, seq: Sequence) -> bool:
         p = seq.params
@@ -187,7 +195,7 @@ class Sampler:
 
     def _min_tokens_active(self, seq: Sequence) -> bool:
         p = seq.params
-        return len(seq.output_ids) < p.min_tokens and bool(self.eos_token_ids or p.stop_token_ids)
+        return seq.num_generated < p.min_tokens and bool(self.eos_token_ids or p.stop_token_ids)
 
     def _index(self, rows: list[int]) -> torch.Tensor:
         return to_device(rows, torch.long, self.device)
@@ -278,25 +286,3 @@ class Sampler:
             gen.manual_seed(seq.params.seed)
             self._seeded[seq.seq_id] = gen
         return gen
-
-    def _with_logprobs(
-        self, tokens: torch.Tensor, logprobs: torch.Tensor, lp_rows: list[int], seqs: list[Sequence]
-    ) -> SampleResult:
-        """Packs ids, sampled logprobs and top-N into one float64 tensor: one device->host copy."""
-        n_rows, top_n = len(lp_rows), max(seqs[i].params.logprobs or 0 for i in lp_rows)
-        chosen = logprobs.gather(1, tokens[self._index(lp_rows)][:, None])  # [L, 1]
-        top_vals, top_ids = logprobs.topk(top_n, dim=-1)  # [L, N], best first
-        parts = [tokens, chosen.flatten(), top_vals.flatten(), top_ids.flatten()]
-        flat = torch.cat([p.to(torch.float64) for p in parts]).tolist()
-        batch = len(seqs)
-        token_ids = [int(t) for t in flat[:batch]]
-        chosen_lp = flat[batch : batch + n_rows]
-        vals_start = batch + n_rows
-        ids_start = vals_start + n_rows * top_n
-        out: list[TokenLogprob | None] = [None] * batch
-        for j, row in enumerate(lp_rows):
-            want = seqs[row].params.logprobs or 0
-            base = j * top_n
-            top = [(int(flat[ids_start + base + k]), flat[vals_start + base + k]) for k in range(want)]
-            out[row] = TokenLogprob(token_ids[row], chosen_lp[j], top)
-        return SampleResult(token_ids, out)

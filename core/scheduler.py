@@ -7,6 +7,9 @@ Every step, within `max_num_batched_tokens` and `max_num_seqs`:
      so far, so its output continues exactly where it stopped);
   2. then waiting sequences are admitted in arrival order (preempted ones first), each taking its
      prefix-cache hits and a first chunk, while the budget, the batch cap and free blocks allow.
+With overlapped steps (engine.overlap) a sequence may hold a pending token (sampled by the step in
+flight, its id still on the device): it is scheduled as if that token were known (its decode input
+comes from the device), and not at all once its pending token is its last by max_tokens.
 No tensors and no CUDA here: the scheduler is plain Python and unit-tested on CPU.
 """
 
@@ -72,7 +75,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed, budget)
+            if seq.num_pending and seq.num_generated >= seq.params.max_tokens:
+                i += 1  # its last token is in flight: it finishes when the host sees it
+                continue
+            n = min(seq.num_scheduled_tokens - seq.num_computed, budget)
             while not self.blocks.grow(seq, seq.num_computed + n):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -90,6 +96,8 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.leader is not None and not seq.leader.is_finished and seq.leader.in_prefill:
                 break  # n > 1 copies wait for the shared prompt to be cached, then reuse it
+            if seq.num_pending:
+                break  # preempted with a token in flight: recompute once the host has it
             n = self.blocks.admit(seq, budget)
             if n == 0:
                 break

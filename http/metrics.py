@@ -116,6 +116,12 @@ def engine_samples(stats: Any, wakeups: int, active_streams: int) -> list[Sample
         ),
         ("rillet_engine_steps", "Engine steps run", "counter", stats.steps),
         ("rillet_engine_busy_seconds", "Wall time spent in engine steps", "counter", stats.busy_seconds),
+        (
+            "rillet_engine_device_wait_seconds",
+            "Of the engine's busy time: blocked waiting for launched steps' tokens (busy - wait = host work)",
+            "counter",
+            stats.device_wait_seconds,
+        ),
         ("rillet_ring_wakeups", "Engine -> event loop wake-ups", "counter", wakeups),
         (
             "rillet_handoff_timeouts",

@@ -49,7 +49,7 @@ def _engine(handoff: str, timeout_ms: float = 2000.0) -> Engine:
 
 def _record(engine: Engine, events: list[str]) -> None:
     runner, ring = engine.core.runner, engine.ring
-    run, push, release = runner.step, ring.push, ring.release
+    run, push, release = runner.launch, ring.push, ring.release
 
     def recording_run(batch: Any) -> Any:
         events.append("run")
@@ -63,7 +63,7 @@ def _record(engine: Engine, events: list[str]) -> None:
         events.append("release")
         release()
 
-    runner.step = recording_run  # type: ignore[method-assign]
+    runner.launch = recording_run  # type: ignore[method-assign]
     ring.push = recording_push  # type: ignore[method-assign]
     ring.release = recording_release  # type: ignore[method-assign]
 

@@ -17,7 +17,7 @@ def test_a_step_is_published_when_the_next_one_runs_and_the_last_at_once() -> No
     engine = Engine(cfg)
     events: list[Any] = []
     runner, ring, scheduler = engine.core.runner, engine.ring, engine.core.scheduler
-    run, push, schedule = runner.step, ring.push, scheduler.schedule
+    run, push, schedule = runner.launch, ring.push, scheduler.schedule
 
     def recording_schedule() -> Any:
         batch = schedule()
@@ -33,7 +33,7 @@ def test_a_step_is_published_when_the_next_one_runs_and_the_last_at_once() -> No
         events.append(("push", [len(d.token_ids) for d in item.deltas]))
         push(item, timeout)
 
-    runner.step = recording_run  # type: ignore[method-assign]
+    runner.launch = recording_run  # type: ignore[method-assign]
     ring.push = recording_push  # type: ignore[method-assign]
     scheduler.schedule = recording_schedule  # type: ignore[method-assign]
     try:

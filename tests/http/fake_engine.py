@@ -71,6 +71,7 @@ class FakeStats:
     cached_blocks: int
     busy_seconds: float = 0.0
     handoff_timeouts: int = 0
+    device_wait_seconds: float = 0.0
 
 
 @dataclass
