@@ -249,7 +249,8 @@ class Engine:
                 out = self.core.step(before_run)
                 publish()  # not called when nothing was scheduled
                 if aborted:
-                    out = StepOutput(self.core.steps, aborted.deltas + (out.deltas if out else []))
+                    step = out.step if out is not None else self.core.steps
+                    out = StepOutput(step, aborted.deltas + (out.deltas if out else []))
                 if out is not None and out.deltas:
                     held.append(out)
                     if not self.core.has_work():

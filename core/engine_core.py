@@ -52,6 +52,8 @@ class EngineCore:
         self._detok: dict[int, IncrementalDetokenizer] = {}
         self.overlap = overlap
         self._inflight: InflightStep | None = None  # launched, not yet landed (overlap only)
+        self._inflight_step = 0  # its step number
+        self._landed_step = 0  # the number of the step whose tokens were post-processed last
         self._host_token_seqs = 0  # live sequences that make overlapped steps synchronous
         self.steps = 0
         self.generated_tokens = 0
@@ -120,10 +122,11 @@ class EngineCore:
             launched = self._launch(batch, deltas)
         if self._inflight is not None:
             deltas.extend(self._land())
-        self._inflight = launched
+        self._inflight, self._inflight_step = launched, self.steps
         if not self.overlap and launched is not None:
             deltas.extend(self._land())
-        return StepOutput(self.steps, deltas) if batch.seqs or deltas else None
+        # numbered by the step whose tokens it carries (the front end's inter-token clock)
+        return StepOutput(self._landed_step, deltas) if batch.seqs or deltas else None
 
     def _launch(self, batch: ScheduledBatch, deltas: list[SeqDelta]) -> InflightStep | None:
         try:
@@ -142,6 +145,7 @@ class EngineCore:
         """Waits for the launched step's tokens and post-processes them."""
         launched, self._inflight = self._inflight, None
         assert launched is not None
+        self._landed_step = self._inflight_step
         deltas: list[SeqDelta] = []
         t0 = time.perf_counter()
         try:

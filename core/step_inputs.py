@@ -67,6 +67,7 @@ class InputBuilder:
         self._free = list(range(rows - 1, -1, -1))  # pop() hands out low rows first
         self._mirror: list[list[int] | None] = [None] * rows  # the block list each row holds
         self._sent = [0] * rows  # entries of the row written on the device
+        self.entries_written = 0  # table entries sent to the device so far (a counter for tests)
 
     @property
     def num_rows(self) -> int:
@@ -169,6 +170,7 @@ class InputBuilder:
         )
         if n_wr:
             self.tables.view(-1).index_copy_(0, flat_at_d, blocks_d.to(torch.int32))
+            self.entries_written += n_wr
         if n_fut:
             ids = ids.index_copy(0, fut_at, self.future.index_select(0, fut_row))
         qlens = qstart[1:] - qstart[:-1]  # [B]

@@ -14,9 +14,12 @@ from rillet.core.config import RilletConfig, load_config
 from rillet.http.background import BackgroundServer
 
 # Synthetic engine: real scheduler, KV pool, detokenizer and stop handling; no model compute.
+# Asynchronous (a GPU-like device timeline), so the HTTP tests run over overlapped engine steps
+# (engine.overlap auto): a stopped choice's extra token must never reach a client.
 SYNTH_OVERRIDES = [
     "model.kind=synthetic",
     "model.synthetic_step_ms=1",
+    "model.synthetic_async=true",
     "model.max_model_len=256",
     "cache.num_blocks=1024",
     "scheduler.max_num_seqs=64",

@@ -1,0 +1,95 @@
+"""The asynchronous null engine and engine.overlap through the threaded engine: resolution, the
+simulated device timeline, and on/off giving the same streams (stop strings, n > 1, aborts)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from rillet.core.config import ConfigError, config_from_dict
+from rillet.core.llm import LLM
+from rillet.core.overlap import resolve_overlap
+from rillet.core.request import FinishReason, Sequence
+from rillet.core.sampling_params import SamplingParams
+from rillet.core.scheduler import ScheduledBatch
+from rillet.core.synthetic_runner import SyntheticRunner
+
+
+@pytest.mark.parametrize(
+    ("mode", "device", "kind", "synthetic_async", "on"),
+    [
+        ("auto", "cuda", "gguf", False, True),
+        ("auto", "cpu", "gguf", False, False),
+        ("auto", "cpu", "hf", False, False),
+        ("auto", "cpu", "synthetic", True, True),
+        ("auto", "cpu", "synthetic", False, False),
+        ("on", "cpu", "gguf", False, True),
+        ("off", "cuda", "gguf", False, False),
+    ],
+)
+def test_overlap_resolution(mode: str, device: str, kind: str, synthetic_async: bool, on: bool) -> None:
+    got, why = resolve_overlap(mode, device, kind, synthetic_async)
+    assert got is on and why.startswith("on" if on else "off")
+
+
+def test_overlap_config_is_validated_by_key() -> None:
+    with pytest.raises(ConfigError, match=r"engine\.overlap"):
+        config_from_dict({"engine": {"overlap": "sometimes"}})
+    with pytest.raises(ConfigError, match=r"model\.synthetic_async"):
+        config_from_dict({"model": {"synthetic_async": "yes"}})
+    assert config_from_dict({"engine": {"overlap": True}}).engine.overlap == "on"  # YAML's bare on
+
+
+def test_async_null_engine_launches_at_once_and_queues_steps_on_a_device_timeline() -> None:
+    runner = SyntheticRunner(step_ms=50.0, token_pool=list(range(100, 200)), asynchronous=True)
+    seqs = [Sequence(i, f"r{i}", [i + 1, 2, 3], SamplingParams()) for i in range(3)]
+    batch = ScheduledBatch(seqs=list(seqs), num_new=[3, 3, 3])
+    first = runner.launch(batch)
+    for seq in seqs:
+        seq.num_computed, seq.num_pending = 3, 1
+    second = runner.launch(ScheduledBatch(seqs=list(seqs), num_new=[1, 1, 1]))
+    # the second step starts on the device when the first ends, whatever the host did meanwhile
+    assert second.ready_at == pytest.approx(first.ready_at + 0.05)  # type: ignore[attr-defined]
+    assert time.perf_counter() < first.ready_at  # type: ignore[attr-defined]  # launch did not wait
+    result = first.wait()
+    assert time.perf_counter() >= first.ready_at  # type: ignore[attr-defined]
+    assert len(result.token_ids) == 3 and [s.seq_id for s in first.seqs] == [0, 1, 2]
+    assert second.wait().token_ids != result.token_ids  # the next position's tokens
+
+
+def _run(overlap: str, abort: bool) -> dict[str, list[tuple[list[int], FinishReason | None, str]]]:
+    cfg = config_from_dict(
+        {
+            "model": {"kind": "synthetic", "synthetic_step_ms": 1.0, "synthetic_async": True},
+            "cache": {"num_blocks": 64, "block_size": 8},
+            "scheduler": {"max_num_seqs": 4, "max_num_batched_tokens": 32},
+            "engine": {"overlap": overlap},
+        }
+    )
+    with LLM(cfg) as llm:
+        assert llm.engine.overlap is (overlap == "on")
+        tok = llm.tokenizer
+        prompts = [f"prompt number {i} about streams" for i in range(6)]
+        first = llm.generate([prompts[0]], SamplingParams(max_tokens=30, temperature=0.0))[0]
+        stop = first.outputs[0].text[10:13]  # a stop string the synthetic text really contains
+        params = [SamplingParams(max_tokens=20 + 3 * i, temperature=0.0, stop=(stop,)) for i in range(6)]
+        if abort:  # a long request that another thread aborts mid-stream
+            llm.engine.add_request("long", tok.encode("abort me"), SamplingParams(max_tokens=200))
+            time.sleep(0.05)
+            llm.engine.abort("long")
+        outs = llm.generate(prompts, params, n=2)
+        core = llm.engine.core
+        assert llm.engine.wait_idle(10)
+        core.blocks.check_integrity()
+        assert core.blocks.num_used == 0 and not core.seqs
+        return {
+            o.request_id[:0] + str(i): [(c.token_ids, c.finish_reason, c.text) for c in o.outputs]
+            for i, o in enumerate(outs)
+        }
+
+
+def test_overlap_on_and_off_stream_the_same_tokens_through_the_engine_thread() -> None:
+    off, on = _run("off", abort=False), _run("on", abort=True)
+    assert on == off
+    finishes = [f for choices in on.values() for _, f, _ in choices]
+    assert FinishReason.STOP in finishes and FinishReason.LENGTH in finishes
