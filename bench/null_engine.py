@@ -8,6 +8,13 @@ If the front end falls behind, the engine's ring fills or delivery lags the engi
 drops below 1.
 
     .venv/bin/python bench/null_engine.py [--step-ms 5] [--streams 1 64 256] [--tokens 400] [--repeats 3]
+        [--async --overlap off on] [--prompt-words 0]
+
+`--async` runs the asynchronous null engine (a launch returns at once, tokens ready step-ms later
+on a simulated device timeline, like a GPU); `--overlap off on` runs one server per engine.overlap
+setting, side by side. `--prompt-words N` makes every prompt N words longer (about N tokens: long
+contexts, long block tables). "host ms" is the engine thread's own time per step: busy time minus
+the time it waited for the device (rillet_engine_device_wait_seconds).
 
 Each level runs `--repeats` times, streaming and not alternating (S N N S S N ...), over keep-alive
 connections opened before the clock starts; rates are totals over the repeats, and the spread of
@@ -30,28 +37,37 @@ from loadgen import run_level
 from server_proc import RilletServer
 
 
-def counters(srv: RilletServer) -> tuple[float, float, float]:
+def counters(srv: RilletServer) -> tuple[float, float, float, float]:
     steps = srv.metric("rillet_engine_steps_total") or srv.metric("rillet_engine_steps") or 0.0
     busy = srv.metric("rillet_engine_busy_seconds_total") or srv.metric("rillet_engine_busy_seconds") or 0.0
     tokens = srv.metric("rillet_generation_tokens_total") or 0.0
-    return steps, busy, tokens
+    wait = srv.metric("rillet_engine_device_wait_seconds_total") or 0.0
+    return steps, busy, tokens, wait
 
 
-def null_engine_overrides(streams: int, tokens: int, step_ms: float = 5.0) -> list[str]:
+def null_engine_overrides(
+    streams: int, tokens: int, step_ms: float = 5.0, prompt_tokens: int = 64
+) -> list[str]:
     """Config for the synthetic model serving `streams` requests of `tokens` tokens at once."""
+    per_stream = -(-(tokens + prompt_tokens) // 16)  # every stream fits (16-token blocks)
     return [
         "model.kind=synthetic",
         f"model.synthetic_step_ms={step_ms}",
         f"scheduler.max_num_seqs={streams}",
         f"scheduler.max_num_batched_tokens={max(2048, streams * 64)}",
         f"scheduler.max_waiting={max(1024, 2 * streams)}",
-        f"cache.num_blocks={streams * (-(-(tokens + 64) // 16)) + 64}",  # every stream fits (16-token blocks)
+        f"cache.num_blocks={streams * per_stream + 64}",
         "logging.level=WARNING",
     ]
 
 
-def level(srv: RilletServer, streams: int, tokens: int, stream: bool) -> dict[str, Any]:
-    start: list[tuple[float, float, float]] = []
+def long_prompt(words: int) -> str:
+    base = "Write a long story about a lighthouse keeper."
+    return base if words <= 0 else " ".join(["lighthouse"] * words) + " " + base
+
+
+def level(srv: RilletServer, streams: int, tokens: int, stream: bool, prompt: str) -> dict[str, Any]:
+    start: list[tuple[float, float, float, float]] = []
     res = asyncio.run(
         run_level(
             srv.base_url,
@@ -60,16 +76,18 @@ def level(srv: RilletServer, streams: int, tokens: int, stream: bool) -> dict[st
             streams,
             tokens,
             stream,
+            prompt=prompt,
             warm=True,
             on_start=lambda: start.append(counters(srv)),  # after the warm-up requests
         )
     )
-    (s0, b0, k0), (s1, b1, k1) = start[0], counters(srv)
+    (s0, b0, k0, w0), (s1, b1, k1, w1) = start[0], counters(srv)
     return {
         "tokens": res.tokens,
         "wall_s": res.wall_s,
         "engine_tokens": k1 - k0,
         "busy_s": b1 - b0,
+        "wait_s": w1 - w0,
         "steps": s1 - s0,
         "errors": res.errors,
     }
@@ -79,6 +97,7 @@ def aggregate(runs: list[dict[str, Any]], streams: int, stream: bool) -> dict[st
     tokens = sum(r["tokens"] for r in runs)
     wall = sum(r["wall_s"] for r in runs)
     busy = sum(r["busy_s"] for r in runs)
+    wait = sum(r["wait_s"] for r in runs)
     steps = sum(r["steps"] for r in runs)
     # The engine's rate: tokens it produced per second of its own busy time (steps/s x the streams
     # actually active in those steps, ramp-up included).
@@ -91,22 +110,20 @@ def aggregate(runs: list[dict[str, Any]], streams: int, stream: bool) -> dict[st
         "engine_tok_s": engine_rate,
         "ratio": delivered / engine_rate if engine_rate else None,
         "step_ms": busy / steps * 1000 if steps else None,
+        "host_ms": (busy - wait) / steps * 1000 if steps else None,
         "errors": sum(r["errors"] for r in runs),
         "runs": runs,
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--step-ms", type=float, default=5.0)
-    ap.add_argument("--streams", type=int, nargs="+", default=[1, 64, 256])
-    ap.add_argument("--tokens", type=int, default=400)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--set", action="append", default=[], help="extra config overrides")
-    ap.add_argument("--out", default="bench/out/null_engine.json")
-    a = ap.parse_args()
+def measure(a: argparse.Namespace, overlap: str | None) -> tuple[list[dict[str, Any]], float | None]:
     top = max(a.streams)
-    overrides = [*null_engine_overrides(top, a.tokens, a.step_ms), *a.set]
+    prompt = long_prompt(a.prompt_words)
+    overrides = [*null_engine_overrides(top, a.tokens, a.step_ms, a.prompt_words + 64), *a.set]
+    if a.async_engine:
+        overrides.append("model.synthetic_async=true")
+    if overlap is not None:
+        overrides.append(f"engine.overlap={overlap}")
     rows = []
     with RilletServer(overrides) as srv:
         asyncio.run(run_level(srv.base_url, "synthetic", 4, 8, 16, True))  # warm-up
@@ -114,7 +131,7 @@ def main() -> None:
             runs: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
             for i in range(2 * a.repeats):
                 stream = (i % 4) in (0, 3)  # S N N S S N ...: neither mode always goes first
-                runs[stream].append(level(srv, n, a.tokens, stream))
+                runs[stream].append(level(srv, n, a.tokens, stream, prompt))
             s_row, ns_row = aggregate(runs[True], n, True), aggregate(runs[False], n, False)
             pairs = [
                 x["tokens"] / x["wall_s"] / (y["tokens"] / y["wall_s"])
@@ -122,15 +139,42 @@ def main() -> None:
             ]
             s_row["stream_vs_nonstream"] = s_row["delivered_tok_s"] / ns_row["delivered_tok_s"]
             s_row["svn_min"], s_row["svn_max"] = min(pairs), max(pairs)
+            for row in (s_row, ns_row):
+                row["overlap"] = overlap or "auto"
             rows += [s_row, ns_row]
-            print(f"  streams={n}: stream/non-stream {s_row['stream_vs_nonstream']:.3f}", flush=True)
-        rss = srv.peak_rss_mib()
+            print(
+                f"  overlap={overlap or 'auto'} streams={n}: step {s_row['step_ms']:.2f} / "
+                f"{ns_row['step_ms']:.2f} ms, stream/non-stream {s_row['stream_vs_nonstream']:.3f}",
+                flush=True,
+            )
+        return rows, srv.peak_rss_mib()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--step-ms", type=float, default=5.0)
+    ap.add_argument("--streams", type=int, nargs="+", default=[1, 64, 256])
+    ap.add_argument("--tokens", type=int, default=400)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--async", dest="async_engine", action="store_true", help="asynchronous null engine")
+    ap.add_argument("--overlap", nargs="+", choices=["auto", "on", "off"], default=None)
+    ap.add_argument("--prompt-words", type=int, default=0, help="longer prompts (about 1 token per word)")
+    ap.add_argument("--set", action="append", default=[], help="extra config overrides")
+    ap.add_argument("--out", default="bench/out/null_engine.json")
+    a = ap.parse_args()
+    rows: list[dict[str, Any]] = []
+    rss: dict[str, float | None] = {}
+    for overlap in a.overlap or [None]:
+        got, rss[overlap or "auto"] = measure(a, overlap)
+        rows += got
     write_json(
         a.out,
         {
             "step_ms": a.step_ms,
             "tokens": a.tokens,
             "repeats": a.repeats,
+            "async": a.async_engine,
+            "prompt_words": a.prompt_words,
             "rows": rows,
             "server_peak_rss_mib": rss,
             "client_peak_rss_mib": peak_rss_mib(),
@@ -138,15 +182,18 @@ def main() -> None:
     )
     print(
         f"server peak RSS {rss} MiB; step {a.step_ms} ms; {a.tokens} tokens per request; "
-        f"{a.repeats} runs per mode"
+        f"{a.repeats} runs per mode; {'asynchronous' if a.async_engine else 'synchronous'} null engine; "
+        f"prompts +{a.prompt_words} words"
     )
     cols = [
+        "overlap",
         "streams",
         "stream",
         "delivered_tok_s",
         "engine_tok_s",
         "ratio",
         "step_ms",
+        "host_ms",
         "stream_vs_nonstream",
         "svn_min",
         "svn_max",

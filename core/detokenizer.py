@@ -21,6 +21,21 @@ from .sampling_params import SamplingParams
 from .stop_checker import StopStrings
 
 
+def token_text_table(token_bytes: list[bytes], special_ids: frozenset[int]) -> list[str | None]:
+    """Each token's text when its bytes are complete, valid UTF-8 on their own (else None), and ""
+    for special tokens: after a token that left no bytes pending, the next one decodes to this."""
+    table: list[str | None] = []
+    for i, b in enumerate(token_bytes):
+        if i in special_ids:
+            table.append("")
+            continue
+        try:
+            table.append(b.decode("utf-8"))
+        except UnicodeDecodeError:
+            table.append(None)
+    return table
+
+
 class IncrementalDetokenizer:
     def __init__(
         self,
@@ -28,8 +43,10 @@ class IncrementalDetokenizer:
         special_ids: frozenset[int],
         params: SamplingParams,
         eos_token_ids: tuple[int, ...],
+        token_text: list[str | None] | None = None,  # token_text_table(token_bytes, special_ids)
     ) -> None:
         self._token_bytes = token_bytes  # shared table, never copied
+        self._token_text = token_text  # shared too; None = decode every token's bytes
         self._special_ids = special_ids
         self._params = params
         self._eos_ids = frozenset() if params.ignore_eos else frozenset(eos_token_ids)
@@ -91,7 +108,13 @@ class IncrementalDetokenizer:
 
     def _decode(self, token_id: int) -> str:
         # ids past the table (padded model vocabulary) and special tokens contribute no text
-        if token_id in self._special_ids or not 0 <= token_id < len(self._token_bytes):
+        if not 0 <= token_id < len(self._token_bytes):
+            return ""
+        if self._token_text is not None and not self._utf8.buffer:  # no bytes of a character pending
+            text = self._token_text[token_id]
+            if text is not None:
+                return text
+        if token_id in self._special_ids:
             return ""
         return self._utf8.decode(self._token_bytes[token_id])
 

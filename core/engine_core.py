@@ -134,9 +134,12 @@ class EngineCore:
         except Exception as exc:  # a failed forward fails this batch, not the engine
             self._fail(batch.seqs, exc, deltas)
             return None
+        block_size = self.blocks.block_size
         for seq, n in zip(batch.seqs, batch.num_new, strict=True):
             seq.num_computed += n
-            self.blocks.commit(seq)
+            known = min(seq.num_computed, len(seq.prompt_ids) + len(seq.output_ids))
+            if n > 1 or known % block_size == 0:  # else no block can have filled up
+                self.blocks.commit(seq)
         for seq in launched.seqs:
             seq.num_pending += 1
         return launched
@@ -166,42 +169,57 @@ class EngineCore:
             deltas.extend(self.abort(seq.request_id, FinishReason.ERROR, f"model step failed: {exc}"))
 
     def _postprocess(self, sampled: list[Sequence], result: SampleResult) -> list[SeqDelta]:
+        """Appends, detokenizes and stop-checks each new token; one delta per live sequence.
+        Runs once per sampled sequence per step, so attributes are read directly."""
         deltas: list[SeqDelta] = []
         now = time.monotonic()
-        block_size = self.blocks.block_size
+        block_size, max_len = self.blocks.block_size, self.max_model_len
+        detoks, faults, finished = self._detok, self.fail_request_ids, SeqStatus.FINISHED
+        token_ids, logprobs = result.token_ids, result.logprobs
+        appended = 0
         for i, seq in enumerate(sampled):
-            if seq.is_finished:
+            if seq.status is finished:
                 continue  # stopped at the step before (overlap): this token was never wanted
+            token, out = token_ids[i], seq.output_ids
             try:
-                if seq.request_id in self.fail_request_ids:
+                if faults and seq.request_id in faults:
                     raise RuntimeError("injected fault")
-                pending = self._append_token(seq, result.token_ids[i], result.logprobs[i], now)
+                out.append(token)
+                appended += 1
+                if seq.first_token_time is None:
+                    seq.first_token_time = now
+                detok = detoks[seq.seq_id]
+                text, reason = detok.add(token, len(out))
+                num_tokens = len(seq.prompt_ids) + len(out)
+                if reason is None and num_tokens >= max_len:
+                    reason = FinishReason.LENGTH
+                    text += detok.flush()
+                if reason is not None:
+                    self._finish(seq, reason)
             except Exception as exc:
                 log.exception("request %s failed in post-processing", seq.request_id)
                 deltas.extend(self.abort(seq.request_id, FinishReason.ERROR, f"{type(exc).__name__}: {exc}"))
                 continue
-            if pending is not None:
-                deltas.append(self._delta(seq, pending))
+            lp = logprobs[i]
+            deltas.append(
+                SeqDelta(
+                    seq.request_id,
+                    seq.index,
+                    [token],
+                    text,
+                    None if lp is None else [lp],
+                    reason,
+                    len(seq.prompt_ids),
+                    seq.num_cached,
+                    len(out),
+                    seq.error,
+                )
+            )
             # overlap: the new token completed a block that the step in flight has computed
-            full = seq.num_tokens % block_size == 0 and seq.num_computed >= seq.num_tokens
-            if full and seq.status is SeqStatus.RUNNING:
+            if num_tokens % block_size == 0 and seq.num_computed >= num_tokens and reason is None:
                 self.blocks.commit(seq)
+        self.generated_tokens += appended
         return deltas
-
-    def _append_token(
-        self, seq: Sequence, token: int, logprob: TokenLogprob | None, now: float
-    ) -> _Pending | None:
-        seq.output_ids.append(token)
-        self.generated_tokens += 1
-        if seq.first_token_time is None:
-            seq.first_token_time = now
-        text, reason = self._detok[seq.seq_id].add(token, len(seq.output_ids))
-        if reason is None and seq.num_tokens >= self.max_model_len:
-            reason = FinishReason.LENGTH
-            text += self._detok[seq.seq_id].flush()
-        if reason is not None:
-            self._finish(seq, reason)
-        return _Pending([token], text, [logprob] if logprob is not None else None)
 
     # ---- finishing ---------------------------------------------------------------------------
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:

@@ -19,7 +19,7 @@ from .attention import AttentionBackend
 from .attention.select import create_attention_backend, select_attention_backend
 from .block_manager import BlockManager
 from .config import ConfigError, RilletConfig
-from .detokenizer import IncrementalDetokenizer
+from .detokenizer import IncrementalDetokenizer, token_text_table
 from .loaders.default_model import default_model_path
 from .loaders.gguf_file import GGUFFile, read_gguf
 from .model import DecoderModel, allocate_kv_cache, build_model
@@ -303,8 +303,9 @@ def _detokenizer_factory(tok: Tokenizer) -> Callable[[Sequence], IncrementalDeto
     table = tok.token_bytes_table()
     special = tok.special_token_ids
     eos = tok.eos_token_ids
+    text = token_text_table(table, special)
 
     def make(seq: Sequence) -> IncrementalDetokenizer:
-        return IncrementalDetokenizer(table, special, seq.params, eos)
+        return IncrementalDetokenizer(table, special, seq.params, eos, text)
 
     return make

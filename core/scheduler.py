@@ -72,21 +72,29 @@ class Scheduler:
         return batch
 
     def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
+        # Runs once per running sequence per step: attributes are read directly, not through the
+        # Sequence properties, and a table that already covers the step skips the block manager.
+        running, block_size = self.running, self.blocks.block_size
+        seqs, num_new = batch.seqs, batch.num_new
         i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            if seq.num_pending and seq.num_generated >= seq.params.max_tokens:
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            pending, outputs = seq.num_pending, len(seq.output_ids)
+            if pending and outputs + pending >= seq.params.max_tokens:
                 i += 1  # its last token is in flight: it finishes when the host sees it
                 continue
-            n = min(seq.num_scheduled_tokens - seq.num_computed, budget)
-            while not self.blocks.grow(seq, seq.num_computed + n):
-                victim = self.running[-1]
-                self._preempt(victim)
-                batch.preempted.append(victim)
-                if victim is seq:
-                    return budget
-            batch.seqs.append(seq)
-            batch.num_new.append(n)
+            n = len(seq.prompt_ids) + outputs + pending - seq.num_computed
+            n = n if n < budget else budget
+            end = seq.num_computed + n
+            if end > len(seq.block_table) * block_size:
+                while not self.blocks.grow(seq, end):
+                    victim = running[-1]
+                    self._preempt(victim)
+                    batch.preempted.append(victim)
+                    if victim is seq:
+                        return budget
+            seqs.append(seq)
+            num_new.append(n)
             budget -= n
             i += 1
         return budget

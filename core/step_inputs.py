@@ -45,15 +45,19 @@ class StepInputs:
 def order_batch(batch: ScheduledBatch) -> list[tuple[Sequence, int]]:
     """Prefill chunks first, then decodes (one new token that is sampled); stable in each group."""
     chunks, decodes = split_batch(batch)
-    return chunks + decodes
+    return chunks + [(seq, 1) for seq in decodes]
 
 
-def split_batch(batch: ScheduledBatch) -> tuple[list[tuple[Sequence, int]], list[tuple[Sequence, int]]]:
+def split_batch(batch: ScheduledBatch) -> tuple[list[tuple[Sequence, int]], list[Sequence]]:
+    """(prefill chunks with their new-token counts, decodes), each in batch order."""
     chunks: list[tuple[Sequence, int]] = []
-    decodes: list[tuple[Sequence, int]] = []
+    decodes: list[Sequence] = []
     for seq, n in zip(batch.seqs, batch.num_new, strict=True):
-        is_decode = n == 1 and seq.num_computed + 1 == seq.num_scheduled_tokens
-        (decodes if is_decode else chunks).append((seq, n))
+        # a decode: one new token, which reaches the end (prompt + outputs + the pending one)
+        if n == 1 and seq.num_computed + 1 == len(seq.prompt_ids) + len(seq.output_ids) + seq.num_pending:
+            decodes.append(seq)
+        else:
+            chunks.append((seq, n))
     return chunks, decodes
 
 
@@ -84,27 +88,60 @@ class InputBuilder:
             self.release(seq)
         chunks, decodes = split_batch(batch)
         h = _HostLists()
-        for seq, n in chunks + decodes:
-            row = self._row(seq, h.writes)
-            start, known = seq.num_computed, seq.num_tokens
-            end = start + n
-            if end <= known:
-                h.ids += seq.tokens(start, end)
-            else:  # the last token fed is the pending one: its id is on the device only
-                h.ids += seq.tokens(start, known)
-                h.fut_at.append(len(h.ids))
-                h.fut_row.append(row)
-                h.ids.append(0)
-            h.rows.append(row)
-            h.starts.append(start)
-            h.qstart.append(h.qstart[-1] + n)
-            h.lens.append(end)
-            if end == seq.num_scheduled_tokens:
-                h.sample_at.append(h.qstart[-1] - 1)
-                h.sample_row.append(row)
-                h.sample_seqs.append(seq)
+        for seq, n in chunks:
+            self._add_chunk(h, seq, n)
+        self._add_decodes(h, decodes)
         self._fit(max(w[1] for w in h.writes) + 1 if h.writes else 0)
         return self._to_device(h, num_chunks=len(chunks))
+
+    def _add_chunk(self, h: _HostLists, seq: Sequence, n: int) -> None:
+        row = self._row(seq, h.writes)
+        start, known = seq.num_computed, seq.num_tokens
+        end = start + n
+        if end <= known:
+            h.ids += seq.tokens(start, end)
+        else:  # the last token fed is the pending one: its id is on the device only
+            h.ids += seq.tokens(start, known)
+            h.fut_at.append(len(h.ids))
+            h.fut_row.append(row)
+            h.ids.append(0)
+        h.rows.append(row)
+        h.starts.append(start)
+        h.qstart.append(h.qstart[-1] + n)
+        h.lens.append(end)
+        if end == seq.num_scheduled_tokens:
+            h.sample_at.append(h.qstart[-1] - 1)
+            h.sample_row.append(row)
+            h.sample_seqs.append(seq)
+
+    def _add_decodes(self, h: _HostLists, decodes: list[Sequence]) -> None:
+        """The common case, once per decoding sequence per step: kept to a few list operations."""
+        row_of, mirror, sent = self._row_of, self._mirror, self._sent
+        ids, rows, starts, lens, fut_at, fut_row = h.ids, h.rows, h.starts, h.lens, h.fut_at, h.fut_row
+        first_row, first_tok = len(rows), len(ids)
+        for seq in decodes:
+            row = row_of.get(seq.seq_id, -1)
+            table = seq.block_table
+            if row < 0 or mirror[row] is not table or sent[row] != len(table):
+                row = self._row(seq, h.writes)
+            start = seq.num_computed
+            prompt = seq.prompt_ids
+            if start < len(prompt):
+                ids.append(prompt[start])
+            elif start < len(prompt) + len(seq.output_ids):
+                ids.append(seq.output_ids[start - len(prompt)])
+            else:  # pending: the device has it
+                fut_at.append(len(ids))
+                fut_row.append(row)
+                ids.append(0)
+            rows.append(row)
+            starts.append(start)
+            lens.append(start + 1)
+        q0 = h.qstart[-1]
+        h.qstart += range(q0 + 1, q0 + 1 + len(decodes))
+        h.sample_at += range(first_tok, first_tok + len(decodes))
+        h.sample_row += rows[first_row:]
+        h.sample_seqs += decodes
 
     def store_sampled(self, inputs: StepInputs, tokens: torch.Tensor) -> None:
         """tokens [S] int64 on the device, sampled by `inputs`: the next step's decodes read them."""

@@ -30,14 +30,27 @@ from .step_inputs import InputBuilder
 @dataclass
 class _Timed:
     seqs: list[Sequence]
-    token_ids: list[int]
+    pool: list[int]
     ready_at: float  # time.perf_counter() at which the simulated device has finished the step
 
     def wait(self) -> SampleResult:
+        # The "device" computes the tokens: before the wait, so that this host work is hidden
+        # under the step time as a GPU's sampling would be. Each sequence's host state is exact
+        # here: every earlier step has landed, this one's token is not appended yet.
+        ids = synthetic_tokens(self.seqs, self.pool)
         left = self.ready_at - time.perf_counter()
         if left > 0:
             time.sleep(left)  # like a GPU wait: releases the GIL
-        return SampleResult(self.token_ids, [None] * len(self.token_ids))
+        return SampleResult(ids, [None] * len(ids))
+
+
+def synthetic_tokens(seqs: list[Sequence], pool: list[int]) -> list[int]:
+    """The token after each sequence's host-known tokens (the one the step samples)."""
+    size = len(pool)
+    return [
+        pool[((len(s.prompt_ids) + len(s.output_ids)) * 7919 + s.prompt_ids[0] + s.index * 104729) % size]
+        for s in seqs
+    ]
 
 
 class SyntheticRunner:
@@ -63,22 +76,11 @@ class SyntheticRunner:
                 for s, n in zip(batch.seqs, batch.num_new, strict=True)
                 if s.num_computed + n == s.num_scheduled_tokens
             ]
-            return _Timed(seqs, self._tokens(seqs), 0.0)
+            return _Timed(seqs, self.pool, 0.0)
         inp = self.inputs.build(batch)
-        ids = self._tokens(inp.sample_seqs)
-        if ids:
-            self.inputs.store_sampled(inp, torch.tensor(ids, dtype=torch.int64))
         start = max(time.perf_counter(), self._device_free_at)
         self._device_free_at = start + self.step_s
-        return _Timed(inp.sample_seqs, ids, self._device_free_at)
-
-    def _tokens(self, seqs: list[Sequence]) -> list[int]:
-        """A sampling sequence's next token sits at position num_scheduled_tokens."""
-        pool = self.pool
-        return [
-            pool[(s.num_scheduled_tokens * 7919 + s.prompt_ids[0] + s.index * 104729) % len(pool)]
-            for s in seqs
-        ]
+        return _Timed(inp.sample_seqs, self.pool, self._device_free_at)
 
     def release(self, seq: Sequence) -> None:
         if self.inputs is not None:

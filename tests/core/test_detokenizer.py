@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rillet.core.detokenizer import IncrementalDetokenizer
+from rillet.core.detokenizer import IncrementalDetokenizer, token_text_table
 from rillet.core.request import FinishReason
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.stop_checker import StopStrings
@@ -63,6 +63,7 @@ class Vocab:
             if i not in self.special:
                 self.table[i] = bytes(decode_byte[c] for c in token)
         self.byte_token = {t[0]: i for i, t in enumerate(self.table) if len(t) == 1}
+        self.text = token_text_table(self.table, self.special)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
@@ -70,9 +71,11 @@ class Vocab:
     def decode(self, ids: list[int]) -> str:
         return str(self.tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False))
 
-    def detok(self, **params: Any) -> IncrementalDetokenizer:
+    def detok(self, fast: bool = True, **params: Any) -> IncrementalDetokenizer:
+        """`fast`: with the whole-token text table (what the engine uses); else bytes only."""
         params.setdefault("max_tokens", 10_000)
-        return IncrementalDetokenizer(self.table, self.special, SamplingParams(**params), (EOS,))
+        text = self.text if fast else None
+        return IncrementalDetokenizer(self.table, self.special, SamplingParams(**params), (EOS,), text)
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +126,20 @@ def test_random_token_soup_matches_hf_decode(vocab: Vocab) -> None:
         detok = vocab.detok()
         text = "".join(stream(detok, ids)[0]) + detok.flush()
         assert text == detok.text == vocab.decode(ids)
+
+
+def test_whole_token_text_table_changes_nothing(vocab: Vocab) -> None:
+    """Tokens that are pieces of one character (byte tokens) mixed with whole ones and specials."""
+    rng = random.Random(1)
+    pieces = list(vocab.byte_token.values())
+    for _ in range(60):
+        ids = [
+            rng.choice(pieces) if rng.random() < 0.4 else rng.randrange(0, len(vocab.table))
+            for _ in range(rng.randrange(1, 40))
+        ]
+        fast, slow = vocab.detok(), vocab.detok(fast=False)
+        assert stream(fast, ids) == stream(slow, ids)
+        assert fast.flush() == slow.flush() and fast.text == slow.text
 
 
 @pytest.mark.parametrize(
