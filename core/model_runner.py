@@ -109,6 +109,7 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch) -> InflightStep:
         inp = self.inputs.build(batch)
+        self.inputs.resolve_future(inp)
         hidden = self._hidden(inp)
         if not inp.sample_seqs:  # prefill chunks that sample nothing yet
             return _Launched([], HostSample(torch.empty(0, dtype=torch.int64), None, 0, None))

@@ -40,6 +40,8 @@ class StepInputs:
     sample_rows: torch.Tensor  # [S] int64: row of T whose hidden state gives each sampled logit
     sample_seqs: list[Sequence]  # [S]
     sample_slots: torch.Tensor  # [S] int64: persistent row of each sampled sequence
+    future_at: torch.Tensor | None = None  # [F] int64: input_ids entries the future buffer feeds
+    future_rows: torch.Tensor | None = None  # [F] int64: ... from these rows
 
 
 def order_batch(batch: ScheduledBatch) -> list[tuple[Sequence, int]]:
@@ -143,6 +145,12 @@ class InputBuilder:
         h.sample_row += rows[first_row:]
         h.sample_seqs += decodes
 
+    def resolve_future(self, inputs: StepInputs) -> None:
+        """Fills the pending decode inputs from the future buffer. Part of the step's device work:
+        it must run after the previous step's `store_sampled`, as the device orders them."""
+        if inputs.future_at is not None and inputs.future_rows is not None:
+            inputs.input_ids.index_copy_(0, inputs.future_at, self.future.index_select(0, inputs.future_rows))
+
     def store_sampled(self, inputs: StepInputs, tokens: torch.Tensor) -> None:
         """tokens [S] int64 on the device, sampled by `inputs`: the next step's decodes read them."""
         if len(inputs.sample_seqs):
@@ -208,8 +216,6 @@ class InputBuilder:
         if n_wr:
             self.tables.view(-1).index_copy_(0, flat_at_d, blocks_d.to(torch.int32))
             self.entries_written += n_wr
-        if n_fut:
-            ids = ids.index_copy(0, fut_at, self.future.index_select(0, fut_row))
         qlens = qstart[1:] - qstart[:-1]  # [B]
         if n_tok == n_seq:  # one token per sequence: it sits where the sequence starts
             positions, tok_rows = starts, rows
@@ -229,7 +235,10 @@ class InputBuilder:
             block_size=bs,
             num_prefills=num_chunks,
         )
-        return StepInputs(ids, positions, meta, sample_at, h.sample_seqs, sample_row)
+        inputs = StepInputs(ids, positions, meta, sample_at, h.sample_seqs, sample_row)
+        if n_fut:
+            inputs.future_at, inputs.future_rows = fut_at, fut_row
+        return inputs
 
 
 @dataclass

@@ -111,6 +111,8 @@ def test_a_pending_decode_input_comes_from_the_future_buffer() -> None:
         seq.num_computed = seq.num_tokens
         seq.num_pending = 1
     second = builder.build(sched.schedule())
+    assert second.input_ids.tolist() == [0, 0]  # on the device, filled in device order:
+    builder.resolve_future(second)
     assert second.input_ids.tolist() == [41, 42]
     assert second.positions.tolist() == [3, 2]
     assert [s.seq_id for s in second.sample_seqs] == [0, 1]
