@@ -14,7 +14,9 @@ drops below 1.
 on a simulated device timeline, like a GPU); `--overlap off on` runs one server per engine.overlap
 setting, side by side. `--prompt-words N` makes every prompt N words longer (about N tokens: long
 contexts, long block tables). "host ms" is the engine thread's own time per step: busy time minus
-the time it waited for the device (rillet_engine_device_wait_seconds).
+the time it waited for the device (rillet_engine_device_wait_seconds); "mid" columns are the same
+over the middle half of each run (counters polled every 0.2 s): steady decode, without the
+prefill steps and the last stragglers.
 
 Each level runs `--repeats` times, streaming and not alternating (S N N S S N ...), over keep-alive
 connections opened before the clock starts; rates are totals over the repeats, and the spread of
@@ -28,6 +30,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -66,22 +70,65 @@ def long_prompt(words: int) -> str:
     return base if words <= 0 else " ".join(["lighthouse"] * words) + " " + base
 
 
+class Poller:
+    """Samples the counters every `every` s from `start()` on: the middle of a run is its steady
+    decode, without the prefill steps at the start or the stragglers at the end."""
+
+    def __init__(self, srv: RilletServer, every: float = 0.2) -> None:
+        self.srv, self.every = srv, every
+        self.samples: list[tuple[float, float, float, float, float]] = []  # (t, steps, busy, tok, wait)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.samples.append((time.perf_counter(), *counters(self.srv)))
+
+    def middle(self) -> tuple[float, float, float]:
+        """(steps, busy s, wait s) between 25 % and 75 % of the sampled span."""
+        if len(self.samples) < 4:
+            return 0.0, 0.0, 0.0
+        t0, t1 = self.samples[0][0], self.samples[-1][0]
+        mid = [x for x in self.samples if t0 + 0.25 * (t1 - t0) <= x[0] <= t0 + 0.75 * (t1 - t0)]
+        if len(mid) < 2:
+            return 0.0, 0.0, 0.0
+        a, b = mid[0], mid[-1]
+        return b[1] - a[1], b[2] - a[2], b[4] - a[4]
+
+
 def level(srv: RilletServer, streams: int, tokens: int, stream: bool, prompt: str) -> dict[str, Any]:
     start: list[tuple[float, float, float, float]] = []
-    res = asyncio.run(
-        run_level(
-            srv.base_url,
-            "synthetic",
-            streams,
-            streams,
-            tokens,
-            stream,
-            prompt=prompt,
-            warm=True,
-            on_start=lambda: start.append(counters(srv)),  # after the warm-up requests
+    poller = Poller(srv)
+
+    def on_start() -> None:  # after the warm-up requests
+        start.append(counters(srv))
+        poller.start()
+
+    try:
+        res = asyncio.run(
+            run_level(
+                srv.base_url,
+                "synthetic",
+                streams,
+                streams,
+                tokens,
+                stream,
+                prompt=prompt,
+                warm=True,
+                on_start=on_start,
+            )
         )
-    )
+    finally:
+        poller.stop()
     (s0, b0, k0, w0), (s1, b1, k1, w1) = start[0], counters(srv)
+    mid_steps, mid_busy, mid_wait = poller.middle()
     return {
         "tokens": res.tokens,
         "wall_s": res.wall_s,
@@ -89,8 +136,21 @@ def level(srv: RilletServer, streams: int, tokens: int, stream: bool, prompt: st
         "busy_s": b1 - b0,
         "wait_s": w1 - w0,
         "steps": s1 - s0,
+        "mid_steps": mid_steps,
+        "mid_busy_s": mid_busy,
+        "mid_wait_s": mid_wait,
         "errors": res.errors,
     }
+
+
+def _steady(runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Step and host time over the middle half of each run (steady decode)."""
+    steps = sum(r["mid_steps"] for r in runs)
+    busy = sum(r["mid_busy_s"] for r in runs)
+    wait = sum(r["mid_wait_s"] for r in runs)
+    if not steps:
+        return {"mid_step_ms": None, "mid_host_ms": None}
+    return {"mid_step_ms": busy / steps * 1000, "mid_host_ms": (busy - wait) / steps * 1000}
 
 
 def aggregate(runs: list[dict[str, Any]], streams: int, stream: bool) -> dict[str, Any]:
@@ -111,6 +171,7 @@ def aggregate(runs: list[dict[str, Any]], streams: int, stream: bool) -> dict[st
         "ratio": delivered / engine_rate if engine_rate else None,
         "step_ms": busy / steps * 1000 if steps else None,
         "host_ms": (busy - wait) / steps * 1000 if steps else None,
+        **_steady(runs),
         "errors": sum(r["errors"] for r in runs),
         "runs": runs,
     }
@@ -194,6 +255,8 @@ def main() -> None:
         "ratio",
         "step_ms",
         "host_ms",
+        "mid_step_ms",
+        "mid_host_ms",
         "stream_vs_nonstream",
         "svn_min",
         "svn_max",
