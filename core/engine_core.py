@@ -186,6 +186,8 @@ class EngineCore:
                     raise RuntimeError("injected fault")
                 out.append(token)
                 appended += 1
+                if seq.grammar is not None:
+                    seq.grammar.accept(token)  # raises for a token the grammar refuses: this request fails
                 if seq.first_token_time is None:
                     seq.first_token_time = now
                 detok = detoks[seq.seq_id]

@@ -22,6 +22,7 @@ from .sample_output import HostSample
 from .sampler import Sampler, SampleResult
 from .scheduler import ScheduledBatch
 from .step_inputs import InputBuilder, StepInputs
+from .structured.masks import MaskFiller
 
 
 class InflightStep(Protocol):
@@ -100,6 +101,7 @@ class ModelRunner:
         self.device = device
         self.graph_runner = graph_runner
         self.inputs = InputBuilder(block_size, device)
+        self.masks: MaskFiller | None = None  # set when structured outputs are available
 
     def step(self, batch: ScheduledBatch) -> tuple[list[Sequence], SampleResult]:
         """One step, synchronously."""
@@ -110,11 +112,13 @@ class ModelRunner:
     def launch(self, batch: ScheduledBatch) -> InflightStep:
         inp = self.inputs.build(batch)
         self.inputs.resolve_future(inp)
+        # the grammar masks of this step's constrained rows fill while the model runs
+        mask = self.masks.begin(inp.sample_seqs) if self.masks is not None else None
         hidden = self._hidden(inp)
         if not inp.sample_seqs:  # prefill chunks that sample nothing yet
             return _Launched([], HostSample(torch.empty(0, dtype=torch.int64), None, 0, None))
         logits = self.model.compute_logits(hidden)  # [S, V]
-        sample = self.sampler.sample_device(logits, inp.sample_seqs)
+        sample = self.sampler.sample_device(logits, inp.sample_seqs, mask)
         self.inputs.store_sampled(inp, sample.tokens)
         return _Launched(inp.sample_seqs, sample.start_copy())
 

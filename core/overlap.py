@@ -11,7 +11,7 @@ order, so the device writes that last K/V before any later step can reuse the bl
 known ahead, so a sequence whose pending token is its last is not scheduled again.
 
 Synchronous fallback: a sequence whose sampling reads its own previous token ids on the host cannot
-run with a token in flight: penalties read the output history, and a grammar mask (issue 15) must
+run with a token in flight: penalties read the output history, and a grammar mask must
 advance its matcher with the previous token before it masks the next. `needs_host_tokens` says
 which; while such a sequence is live, the engine lands the step in flight before it schedules the
 next one, so those steps run synchronously (other requests lose the overlap meanwhile, never
@@ -25,7 +25,7 @@ from .request import Sequence
 
 def needs_host_tokens(seq: Sequence) -> bool:
     """True when the sequence's next sampling needs its previous tokens on the host."""
-    return seq.params.has_penalties
+    return seq.params.has_penalties or seq.grammar is not None
 
 
 def resolve_overlap(mode: str, device_type: str, kind: str, synthetic_async: bool) -> tuple[bool, str]:

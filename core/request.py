@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from .sampling_params import SamplingParams
+from .structured.matcher import GrammarMatcher
 
 
 class SeqStatus(enum.Enum):
@@ -64,6 +65,7 @@ class Sequence:
     error: str | None = None
     index: int = 0  # choice index within its request (n > 1)
     leader: Sequence | None = None  # choice 0 of the request; later choices wait for its prefill
+    grammar: GrammarMatcher | None = None  # constrained output: has consumed output_ids (matcher.py)
 
     @property
     def prompt_len(self) -> int:

@@ -1,8 +1,8 @@
 """Batched next-token sampling: penalties, min_tokens, temperature, top-k / top-p / min-p, seeded draws.
 
-Order per row: penalties -> min_tokens mask -> [logprobs taken here] -> temperature -> top-k -> top-p
-(over the top-k renormalised distribution) -> min-p -> draw. Greedy rows take the argmax after the
-min_tokens mask.
+Order per row: grammar mask (constrained rows) -> penalties -> min_tokens mask -> [logprobs taken here]
+-> temperature -> top-k -> top-p (over the top-k renormalised distribution) -> min-p -> draw. Greedy
+rows take the argmax after the min_tokens mask.
 
 Logprobs are `log_softmax` of the logits after penalties and the min_tokens mask, before temperature
 and truncation. vLLM returns the raw model's logprobs by default; we take them after penalties so that a
@@ -25,6 +25,7 @@ import torch
 
 from .request import Sequence
 from .sample_output import DeviceSample, SampleResult, pack_logprobs
+from .structured.masks import PendingMask
 
 __all__ = ["DeviceSample", "SampleResult", "Sampler"]
 
@@ -159,16 +160,25 @@ class Sampler:
     def release(self, seq_id: int) -> None:
         self._seeded.pop(seq_id, None)
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
-        """logits [B, V] float32, rows in the order of `seqs`. Does not modify `logits`."""
-        return self.sample_device(logits, seqs).start_copy().wait()
+    def sample(
+        self, logits: torch.Tensor, seqs: list[Sequence], mask: PendingMask | None = None
+    ) -> SampleResult:
+        """logits [B, V] float32, rows in the order of `seqs`. Does not modify `logits`.
 
-    def sample_device(self, logits: torch.Tensor, seqs: list[Sequence]) -> DeviceSample:
+        `mask`: the grammar bitmasks of the constrained rows, applied first (like the min_tokens
+        mask, before logprobs are taken, so a greedy row's token is its top-1 logprob)."""
+        return self.sample_device(logits, seqs, mask).start_copy().wait()
+
+    def sample_device(
+        self, logits: torch.Tensor, seqs: list[Sequence], mask: PendingMask | None = None
+    ) -> DeviceSample:
         """As `sample`, but the result stays on the device (sample_output.py): nothing waits for it.
 
         Reads only host state that is complete while a step is in flight (params, the count of
-        outputs with the pending one); penalised rows also read the output ids, so the engine
-        lands the step in flight before it schedules them (core/overlap.py)."""
+        outputs with the pending one); penalised and grammar-constrained rows also read the output
+        ids, so the engine lands the step in flight before it schedules them (core/overlap.py)."""
+        if mask is not None:
+            logits = mask.apply(logits)  # a masked copy
         if all(self._plain_greedy(s) for s in seqs):
             return DeviceSample(logits.argmax(dim=-1))
         logits = logits.to(torch.float32, copy=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .structured.spec import GrammarSpec
+
 MAX_LOGPROBS = 20
 
 
@@ -30,6 +32,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # None = no logprobs; N >= 0 = sampled token + top-N
     include_stop_str_in_output: bool = False
+    grammar: GrammarSpec | None = None  # the output must match it (structured outputs, forced tool calls)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -70,6 +73,9 @@ class SamplingParams:
             not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= MAX_LOGPROBS
         ):
             _fail("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        if self.grammar is not None and self.min_tokens > 0:
+            # a finished grammar allows only EOS, which min_tokens bans: no token would be left
+            _fail("min_tokens", "cannot be combined with a grammar (response_format or a forced tool call)")
 
     @property
     def greedy(self) -> bool:

@@ -19,6 +19,7 @@ import orjson
 from .coalesce import Piece
 from .errors import ApiError
 from .logprobs import CompletionLogprobs, TokenTexts, chat_entries
+from .tool_calls import Event, ToolCallParser, new_call_id
 
 DONE = b"data: [DONE]\n\n"
 _dumps = orjson.dumps
@@ -42,7 +43,9 @@ class ChunkFormat:
         num_choices: int,
         include_usage: bool,
         texts: TokenTexts,
+        tools: bool = False,
     ) -> None:
+        """`tools`: chat with tools offered; each choice's text is read for tool calls as it streams."""
         self.chat = chat
         self.texts = texts
         self.include_usage = include_usage
@@ -57,6 +60,7 @@ class ChunkFormat:
         self._close = b"}" if chat else b""
         self._null_tail = b',"logprobs":null,"finish_reason":null}]' + self._usage_field + b"}\n\n"
         self._completion_lps = [CompletionLogprobs() for _ in range(num_choices)] if not chat else []
+        self.tool_parsers = [ToolCallParser() for _ in range(num_choices)] if tools else None
 
     # ---- events ------------------------------------------------------------------------------
     def role(self) -> bytes:
@@ -87,9 +91,42 @@ class ChunkFormat:
         )
 
     def finish(self, index: int, reason: str) -> bytes:
+        head = b""
+        if self.tool_parsers is not None:
+            parser = self.tool_parsers[index]
+            head = b"".join(self._tool_events(index, parser.finish()))
+            if parser.calls and reason == "stop":
+                reason = "tool_calls"
         body = b',"delta":{}' if self.chat else b',"text":""'
         tail = b',"logprobs":null,"finish_reason":"' + reason.encode() + b'"}]' + self._usage_field + b"}\n\n"
-        return self._choice_head[index] + body + tail
+        return head + self._choice_head[index] + body + tail
+
+    def tool_text(self, index: int, text: str) -> list[bytes]:
+        """A piece of a choice's text, read for tool calls: content and `delta.tool_calls` events."""
+        assert self.tool_parsers is not None
+        return self._tool_events(index, self.tool_parsers[index].feed(text))
+
+    def _tool_events(self, index: int, events: list[Event]) -> list[bytes]:
+        out: list[bytes] = []
+        parser = self.tool_parsers[index] if self.tool_parsers is not None else None
+        calls = parser.calls - sum(1 for kind, _ in events if kind == "call") if parser else 0
+        for kind, value in _merged(events):
+            if kind == "content":
+                out.append(self.text_event(index, value))
+                continue
+            if kind == "call":
+                calls += 1
+                call: dict[str, Any] = {
+                    "index": calls - 1,
+                    "id": new_call_id(),
+                    "type": "function",
+                    "function": {"name": value, "arguments": ""},
+                }
+            else:
+                call = {"index": calls - 1, "function": {"arguments": value}}
+            delta = b',"delta":{"tool_calls":[' + _dumps(call) + b"]}"
+            out.append(self._choice_head[index] + delta + self._null_tail)
+        return out
 
     def usage(self, usage: dict[str, Any]) -> bytes:
         return sse_event({**self._envelope, "choices": [], "usage": usage})
@@ -99,6 +136,17 @@ class ChunkFormat:
         if self.chat:
             return {"content": chat_entries(lps, self.texts)}
         return self._completion_lps[piece.index].columns(lps, self.texts)
+
+
+def _merged(events: list[Event]) -> list[Event]:
+    """Neighbouring content or argument pieces joined: one SSE event each."""
+    out: list[Event] = []
+    for kind, value in events:
+        if out and kind != "call" and out[-1][0] == kind:
+            out[-1] = (kind, out[-1][1] + value)
+        else:
+            out.append((kind, value))
+    return out
 
 
 class Usage:

@@ -11,6 +11,7 @@ from .chunks import Usage
 from .errors import finish_failure
 from .logprobs import CompletionLogprobs, TokenTexts, chat_entries
 from .stream_state import RequestStream
+from .tool_calls import new_call_id, parse_all
 
 
 @dataclass
@@ -47,20 +48,36 @@ async def collect(stream: RequestStream, usage: Usage, want_logprobs: bool) -> l
 
 
 def chat_body(
-    request_id: str, created: int, model: str, results: list[ChoiceResult], usage: Usage, texts: TokenTexts
+    request_id: str,
+    created: int,
+    model: str,
+    results: list[ChoiceResult],
+    usage: Usage,
+    texts: TokenTexts,
+    tools: bool = False,
 ) -> dict[str, Any]:
+    """`tools`: tools were offered, so each answer is read for tool calls (tool_calls.py)."""
     choices = []
     for i, r in enumerate(results):
         lps = {"content": chat_entries(r.logprobs, texts)} if r.logprobs is not None else None
-        choices.append(
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": r.text},
-                "logprobs": lps,
-                "finish_reason": r.finish_reason,
-            }
-        )
+        message, finish = _message(r, tools)
+        choices.append({"index": i, "message": message, "logprobs": lps, "finish_reason": finish})
     return _envelope(request_id, "chat.completion", created, model, choices, usage)
+
+
+def _message(r: ChoiceResult, tools: bool) -> tuple[dict[str, Any], str | None]:
+    if not tools:
+        return {"role": "assistant", "content": r.text}, r.finish_reason
+    parsed = parse_all(r.text)
+    if not parsed.calls:
+        return {"role": "assistant", "content": parsed.content}, r.finish_reason
+    calls = [
+        {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": args}}
+        for name, args in parsed.calls
+    ]
+    content = parsed.content.strip() or None
+    finish = "tool_calls" if r.finish_reason == "stop" else r.finish_reason
+    return {"role": "assistant", "content": content, "tool_calls": calls}, finish
 
 
 def completion_body(

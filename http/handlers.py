@@ -12,6 +12,7 @@ from aiohttp import web
 from .engine_api import EngineLike
 from .errors import JSON_CONTENT_TYPE, ApiError, bad_request, model_not_found
 from .generate import run_generation
+from .grammar_prep import prepare_grammars
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .protocol import GenRequest, Limits, parse_chat, parse_completion
 from .state import ServerState
@@ -59,6 +60,7 @@ async def _generate(request: web.Request, parser: Parser) -> web.StreamResponse:
     try:
         body = await read_json(request)
         gen = await _parse(parser, body, engine, state, request.content_length or 0)
+        await prepare_grammars(gen, engine, state.cfg.structured.compile_timeout_s)
         return await run_generation(request, state, engine, gen)
     finally:
         state.end()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rillet.core.sampling_params import MAX_LOGPROBS, SamplingParams
+from rillet.core.structured.spec import GrammarSpec
 
 from .chat_messages import parse_messages
 from .errors import ApiError, bad_request, model_not_found, unsupported
@@ -27,12 +28,12 @@ from .fields import (
     opt_str_list,
     type_name,
 )
+from .structured import ToolSetup, parse_response_format, parse_tools
+from .tool_prompt import for_template, template_renders_tools
 
 Kind = Literal["chat", "completion"]
 # Rejected whenever present and not null / empty: they would change the answer's meaning.
 _UNSUPPORTED = (
-    "tools",
-    "tool_choice",
     "functions",
     "function_call",
     "audio",
@@ -74,6 +75,10 @@ class GenRequest:
     include_usage: bool
     logprobs: int | None  # top-N alternatives per token when logprobs were asked for
     echo_texts: list[str] | None  # completions with echo: the prompt text to prepend per prompt
+    grammar: GrammarSpec | None = None  # what every output must match (also in each params)
+    tools: ToolSetup | None = None  # chat with tools offered: answers are read for tool calls
+    # tool_choice auto: the grammar `required` would use, compiled only to check the tools' schemas
+    tool_check: GrammarSpec | None = None
 
     @property
     def num_choices(self) -> int:
@@ -82,24 +87,49 @@ class GenRequest:
 
 def parse_chat(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
     _check_common(body, limits)
+    tools = parse_tools(body)
+    grammar = parse_response_format(body)
+    if tools is not None and tools.mode != "auto" and grammar is not None:
+        raise unsupported(
+            "response_format", "cannot be combined with tool_choice 'required' or a named function"
+        )
+    if tools is not None and tools.mode != "auto":
+        grammar = tools.grammar()
     messages = parse_messages(body.get("messages"))
-    try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise bad_request(f"cannot apply the chat template: {exc}", param="messages") from exc
+    text = _render_chat(tokenizer, messages, tools)
     # The template already holds any BOS the model wants.
     ids = tokenizer.encode(text, add_special_tokens=False)
     logprobs = _chat_logprobs(body)
+    if tools is not None and logprobs is not None:
+        raise unsupported("logprobs", "together with 'tools' is not supported")
     max_tokens_field = (
         "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     )
-    return _build("chat", body, [ids], "messages", max_tokens_field, logprobs, None, limits)
+    gen = _build("chat", body, [ids], "messages", max_tokens_field, logprobs, None, limits, grammar)
+    check = (
+        ToolSetup(tools.tools, "required", None, False).grammar() if tools and tools.mode == "auto" else None
+    )
+    return dataclasses.replace(gen, tools=tools, tool_check=check)
+
+
+def _render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: ToolSetup | None) -> str:
+    native = template_renders_tools(tokenizer)
+    rendered = for_template(messages, tools.tools if tools else None, native)
+    extra = {"tools": [t.openai() for t in tools.tools]} if native and tools else {}
+    try:
+        text: str = tokenizer.apply_chat_template(rendered, add_generation_prompt=True, **extra)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise bad_request(f"cannot apply the chat template: {exc}", param="messages") from exc
+    return text
 
 
 def parse_completion(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
     _check_common(body, limits)
     if body.get("suffix") is not None:
         raise unsupported("suffix", "(insertion after the completion) is not supported")
+    for name in ("tools", "tool_choice", "parallel_tool_calls"):
+        if body.get(name) not in (None, [], {}):
+            raise unsupported(name, "is a chat completions parameter")
     logprobs = opt_int(body, "logprobs", 0, MAX_LOGPROBS)
     echo = bool(opt_bool(body, "echo"))
     if echo and logprobs is not None:
@@ -116,7 +146,8 @@ def parse_completion(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
     if echo:
         texts = [t if t is not None else tokenizer.decode(ids) for ids, t in zip(prompts, texts, strict=True)]
     echo_texts = [t or "" for t in texts] if echo else None
-    return _build("completion", body, prompts, "prompt", "max_tokens", logprobs, echo_texts, limits)
+    grammar = parse_response_format(body)
+    return _build("completion", body, prompts, "prompt", "max_tokens", logprobs, echo_texts, limits, grammar)
 
 
 # ---- shared --------------------------------------------------------------------------------------
@@ -139,9 +170,6 @@ def _check_common(body: Body, limits: Limits) -> None:
             raise unsupported(name)
     if body.get("logit_bias") not in (None, {}):
         raise unsupported("logit_bias")
-    fmt = body.get("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise unsupported("response_format", 'other than {"type": "text"} is not supported')
     if body.get("modalities") not in (None, ["text"]):
         raise unsupported("modalities", 'other than ["text"] is not supported')
     opt_str(body, "user")
@@ -164,6 +192,7 @@ def _build(
     logprobs: int | None,
     echo_texts: list[str] | None,
     limits: Limits,
+    grammar: GrammarSpec | None = None,
 ) -> GenRequest:
     n = opt_int(body, "n", 1, limits.max_n) or 1
     best_of = opt_int(body, "best_of")
@@ -179,12 +208,12 @@ def _build(
             "'stream_options.include_usage' must be a boolean", param="stream_options.include_usage"
         )
     max_tokens = opt_int(body, max_tokens_field, 1, limits.max_tokens_cap)
-    base = _sampling_params(body, logprobs)
+    base = _sampling_params(body, logprobs, grammar)
     params = [_fit_context(base, len(p), max_tokens, prompt_field, max_tokens_field, limits) for p in prompts]
-    return GenRequest(kind, prompts, params, n, stream, bool(include_usage), logprobs, echo_texts)
+    return GenRequest(kind, prompts, params, n, stream, bool(include_usage), logprobs, echo_texts, grammar)
 
 
-def _sampling_params(body: Body, logprobs: int | None) -> SamplingParams:
+def _sampling_params(body: Body, logprobs: int | None, grammar: GrammarSpec | None) -> SamplingParams:
     kwargs: dict[str, Any] = {name: opt_float(body, name) for name in _FLOAT_FIELDS}
     kwargs["top_k"] = opt_int(body, "top_k")
     kwargs["seed"] = opt_int(body, "seed")
@@ -194,6 +223,7 @@ def _sampling_params(body: Body, logprobs: int | None) -> SamplingParams:
     kwargs["ignore_eos"] = opt_bool(body, "ignore_eos")
     kwargs["include_stop_str_in_output"] = opt_bool(body, "include_stop_str_in_output")
     kwargs["logprobs"] = logprobs
+    kwargs["grammar"] = grammar
     given = {k: v for k, v in kwargs.items() if v is not None}
     # max_tokens is settled per prompt later; a large placeholder keeps min_tokens checkable now.
     return _make_params(dict(given, max_tokens=2**31 - 1))

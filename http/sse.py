@@ -61,7 +61,9 @@ class Emitter:
             failure = failure or finish_failure(piece.finish, piece.error)
             if failure is not None:
                 break
-            if piece.logprobs or piece.text:  # an empty text (held-back stop prefix) is no event
+            if fmt.tool_parsers is not None:
+                out += fmt.tool_text(piece.index, piece.text)
+            elif piece.logprobs or piece.text:  # an empty text (held-back stop prefix) is no event
                 out.append(fmt.content(piece))
             if piece.finish is not None:
                 out.append(fmt.finish(piece.index, piece.finish.value))

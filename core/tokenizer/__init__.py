@@ -98,6 +98,11 @@ class Tokenizer:
         text: str = self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
         return text
 
+    def backend_json(self) -> str:
+        """The `tokenizers` serialization of the backend (what grammar engines build their own from)."""
+        text: str = self._backend.to_str()
+        return text
+
     def id_to_token(self, i: int) -> str:
         """The vocabulary entry (in its stored spelling, e.g. `Ġhello`); "" for an unknown id."""
         tok = self._backend.id_to_token(i) if 0 <= i < self.vocab_size else None

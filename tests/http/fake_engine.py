@@ -102,6 +102,7 @@ class FakeEngine:
         self.num_blocks = num_blocks
         self.error: str | None = None
         self.crash_next_step = False  # tests: kill the engine thread
+        self.reply: bytes | None = None  # tests: every sequence answers this, one byte a token, then EOS
         self.fail_request_ids: set[str] = set()  # tests: these requests end with FinishReason.ERROR
         self._dead = False
         self._stop = False
@@ -253,6 +254,8 @@ class FakeEngine:
 
     def _next(self, s: _Seq) -> SeqDelta:
         p = s.params
+        if self.reply is not None:
+            return self._scripted(s, self.reply)
         tok = TEXT[(s.offset + len(s.out)) % len(TEXT)]
         s.out.append(tok)
         self.generated += 1
@@ -278,6 +281,16 @@ class FakeEngine:
             top = [(tok, -0.25), *((t, -2.0 - j) for j, t in enumerate(b"xyz"))][: p.logprobs]
             lps = [TokenLogprob(tok, -0.25, top)]
         return self._delta(s, [tok], text, lps, reason, None)
+
+    def _scripted(self, s: _Seq, reply: bytes) -> SeqDelta:
+        done = len(s.out) >= len(reply)
+        tok = EOS if done else reply[len(s.out)]
+        s.out.append(tok)
+        self.generated += 1
+        if done:
+            s.emitted = -1
+            return self._delta(s, [tok], "", None, FinishReason.STOP, None)
+        return self._delta(s, [tok], chr(tok), None, None, None)
 
     def _delta(
         self,

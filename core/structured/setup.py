@@ -1,0 +1,29 @@
+"""Structured outputs for a loaded runtime: the grammar compiler and the runner's mask filler."""
+
+from __future__ import annotations
+
+import logging
+
+from ..config import StructuredConfig
+from ..model_runner import ModelRunner, Runner
+from ..tokenizer import Tokenizer
+from .compiler import GrammarCompiler, grammar_engine_available
+from .masks import MaskFiller
+from .spec import INSTALL_HINT
+
+log = logging.getLogger(__name__)
+
+
+def attach_structured(
+    cfg: StructuredConfig, tokenizer: Tokenizer, runner: Runner, vocab_size: int | None
+) -> tuple[GrammarCompiler | None, str]:
+    """(compiler, "") when outputs can be constrained, else (None, why not)."""
+    if not grammar_engine_available():
+        log.info("structured outputs off: llguidance is not installed")
+        return None, INSTALL_HINT
+    if not isinstance(runner, ModelRunner) or vocab_size is None:
+        return None, "structured outputs need a real model (not the synthetic one)"
+    eos = tokenizer.eos_token_ids
+    compiler = GrammarCompiler(tokenizer.backend_json(), vocab_size, eos, cfg.cache_size)
+    runner.masks = MaskFiller(vocab_size, eos)
+    return compiler, ""

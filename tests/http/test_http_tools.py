@@ -1,0 +1,143 @@
+"""Tool calls read from the model's text (tool_choice auto) through the HTTP layer, on the fake engine
+scripted to answer a fixed text: the non-streamed `message.tool_calls`, the streamed
+`delta.tool_calls` (id, type and name first, then argument fragments), content around calls, and
+the prompt the tools are injected into. Also: without a grammar engine, structured requests are 400s.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import openai
+import pytest
+from fake_engine import FakeEngine, FakeTokenizer
+from http_helpers import serving
+from rillet.http.protocol import Limits, parse_chat
+from rillet.http.tool_prompt import TOOLS_INTRO
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+REPLY = (
+    'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}\n'
+    '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+)
+
+
+@pytest.fixture
+def scripted(make_fake: Callable[..., FakeEngine]) -> Iterator[tuple[openai.OpenAI, FakeEngine]]:
+    engine = make_fake()
+    with serving(engine) as srv:
+        yield openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0), engine
+
+
+def _ask(client: openai.OpenAI, **kwargs: Any) -> Any:
+    return client.chat.completions.create(
+        model="fake-model",
+        messages=[{"role": "user", "content": "weather?"}],
+        tools=TOOLS,
+        max_tokens=400,
+        **kwargs,
+    )
+
+
+def test_auto_tool_calls_non_streamed(scripted: tuple[openai.OpenAI, FakeEngine]) -> None:
+    client, engine = scripted
+    engine.reply = REPLY.encode()
+    r = _ask(client, temperature=0)
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert msg.content == "Let me check."
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in msg.tool_calls or []] == [
+        ("get_weather", {"city": "Paris", "days": [1, 2]}),
+        ("get_weather", {"city": "Rome"}),
+    ]
+    assert len({c.id for c in msg.tool_calls or []}) == 2
+
+
+def test_auto_tool_calls_streamed(scripted: tuple[openai.OpenAI, FakeEngine]) -> None:
+    client, engine = scripted
+    engine.reply = REPLY.encode()
+    deltas, content, finish = [], "", None
+    for chunk in _ask(client, temperature=0, stream=True):
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            deltas += c.delta.tool_calls or []
+            finish = c.finish_reason or finish
+    assert finish == "tool_calls" and content == "Let me check.\n"
+    starts = [d for d in deltas if d.id is not None]
+    assert [(d.index, d.type, d.function.name, d.function.arguments) for d in starts] == [
+        (0, "function", "get_weather", ""),
+        (1, "function", "get_weather", ""),
+    ]
+    args = ["".join(d.function.arguments or "" for d in deltas if d.index == i) for i in (0, 1)]
+    assert [json.loads(a) for a in args] == [{"city": "Paris", "days": [1, 2]}, {"city": "Rome"}]
+    assert sum(1 for d in deltas if d.index == 0) > 2  # arguments arrive in fragments as generated
+
+
+def test_plain_answer_with_tools_is_content(scripted: tuple[openai.OpenAI, FakeEngine]) -> None:
+    client, engine = scripted
+    engine.reply = b"It is sunny <tool_ maybe."
+    r = _ask(client, temperature=0)
+    assert (
+        r.choices[0].finish_reason == "stop" and r.choices[0].message.content == "It is sunny <tool_ maybe."
+    )
+    assert not r.choices[0].message.tool_calls
+
+
+def test_structured_request_without_grammar_engine_is_400(scripted: tuple[openai.OpenAI, FakeEngine]) -> None:
+    client, _ = scripted
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model="fake-model",
+            messages=[{"role": "user", "content": "x"}],
+            response_format={"type": "json_object"},
+            max_tokens=4,
+        )
+    assert err.value.body["code"] == "structured_outputs_unavailable"  # type: ignore[index]
+    assert "llguidance" in err.value.body["message"]  # type: ignore[index]
+
+
+def test_tools_injected_into_the_system_prompt_and_tool_turns_rendered() -> None:
+    tok = FakeTokenizer()
+    limits = Limits("m", 4096, 1024, 16, 4)
+    body = {
+        "model": "m",
+        "tools": TOOLS,
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "weather?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "rain"},
+        ],
+    }
+    text = tok.decode(parse_chat(body, tok, limits).prompts[0])
+    assert text.startswith("<system>Be brief.\n\n" + TOOLS_INTRO)
+    assert '{"type": "function", "function": {"name": "get_weather"' in text
+    assert (
+        '<assistant><tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+        in text
+    )
+    assert "<user><tool_response>\nrain\n</tool_response>\n<assistant>" in text
