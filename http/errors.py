@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 from rillet.core.request import FinishReason
+from rillet.core.structured.matcher import GrammarViolation
 
 JSON_CONTENT_TYPE = "application/json"
 
@@ -127,6 +128,14 @@ def finish_failure(reason: FinishReason | None, error: str | None) -> ApiError |
             "the request did not finish within the server's time limit (server.request_timeout_s)",
             type="timeout_error",
             code="deadline_exceeded",
+        )
+    if reason is FinishReason.ERROR and (error or "").startswith(GrammarViolation.__name__):
+        # the request's own grammar gave out mid-way (e.g. a schema past the grammar engine's limits)
+        return ApiError(
+            400,
+            f"the output could not be continued under the requested grammar: {error}",
+            param="response_format",
+            code="grammar_error",
         )
     if reason is FinishReason.ERROR:
         return ApiError(

@@ -107,7 +107,7 @@ def parse_response_format(body: Body) -> GrammarSpec | None:
         raise bad_request(
             f"'{where}.schema' must be a JSON Schema object, got {type_name(schema)}", param=f"{where}.schema"
         )
-    text = _schema_text(close_objects(schema), f"{where}.schema")
+    text = _schema_text(schema, f"{where}.schema")
     return GrammarSpec("json_schema", text, param=f"{where}.schema")
 
 

@@ -19,6 +19,7 @@ from collections import OrderedDict
 from typing import Any
 
 from .matcher import GrammarMatcher
+from .schema import close_objects
 from .spec import INSTALL_HINT, GrammarError, GrammarSpec, GrammarUnavailable
 
 # JSON is generated compactly on one line, with the spacing models saw most in training.
@@ -100,7 +101,7 @@ class GrammarCompiler:
 
         if spec.kind == "lark":
             return str(llguidance.LLMatcher.grammar_from_lark(spec.source))
-        source = ANY_OBJECT if spec.kind == "json_object" else spec.source
+        source = ANY_OBJECT if spec.kind == "json_object" else _closed(spec)
         options = dict(JSON_OPTIONS, lenient=False)  # a keyword it cannot enforce is an error, not ignored
         try:
             return str(llguidance.LLMatcher.grammar_from_json_schema(source, overrides=options))  # type: ignore[arg-type]
@@ -108,12 +109,15 @@ class GrammarCompiler:
             raise GrammarError(spec.param, f"is not a valid JSON Schema: {exc}") from exc
 
 
+def _closed(spec: GrammarSpec) -> str:
+    try:
+        schema = json.loads(spec.source)
+    except ValueError as exc:
+        raise GrammarError(spec.param, f"is not valid JSON: {exc}") from exc
+    return json.dumps(close_objects(schema), ensure_ascii=False)
+
+
 def _first_line(message: str) -> str:
     """llguidance's message on one line (regex errors span several), bounded."""
     text = " ".join(part.strip() for part in message.strip().splitlines() if part.strip())
     return (text or "unknown error")[:500]
-
-
-def schema_text(schema: dict[str, Any]) -> str:
-    """A schema as the cache key's text: compact, key order kept (it is the output's property order)."""
-    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)

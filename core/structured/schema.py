@@ -33,6 +33,10 @@ def close_objects(schema: Any, depth: int = 0) -> Any:
     for key in _SUBSCHEMA_ONE:
         if key in out:
             out[key] = close_objects(out[key], depth + 1)
-    if isinstance(out.get("properties"), dict) and "allOf" not in out and not any(k in out for k in _OPEN_KEYS):
+    if (
+        isinstance(out.get("properties"), dict)
+        and "allOf" not in out
+        and not any(k in out for k in _OPEN_KEYS)
+    ):
         out["additionalProperties"] = False
     return out

@@ -104,7 +104,15 @@ COMMON_FIELDS = [
     "best_of",
     "include_stop_str_in_output",
 ]
-CHAT_FIELDS = [*COMMON_FIELDS, "messages", "max_completion_tokens", "logprobs", "top_logprobs", "modalities"]
+CHAT_FIELDS = [
+    *COMMON_FIELDS,
+    "messages",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "modalities",
+    "parallel_tool_calls",
+]
 COMPLETION_FIELDS = [*COMMON_FIELDS, "prompt", "echo", "logprobs", "suffix"]
 
 leaf = (
@@ -138,6 +146,88 @@ _message = st.fixed_dictionaries(
 )
 
 
+# JSON Schemas a grammar compiler must refuse (or bound) without a crash or a stall: bad types, bad
+# or cyclic $refs, bad and explosive regexes, huge and negative bounds, unimplemented keywords.
+_SCHEMA_LEAF = st.sampled_from(
+    [
+        {},
+        {"type": "string", "maxLength": 8},
+        {"type": "integer", "minimum": 0, "maximum": 9},
+        {"type": "nope"},
+        {"type": []},
+        {"type": "string", "pattern": "("},
+        {"type": "string", "pattern": "[z-a]"},
+        {"type": "string", "pattern": "(a+)+$"},
+        {"type": "string", "pattern": "(a|aa){1000}"},
+        {"type": "string", "pattern": "\\p{Nope}"},
+        {"type": "string", "minLength": 10**9},
+        {"type": "string", "maxLength": -1},
+        {"type": "string", "format": "nope"},
+        {"type": "string", "format": "email"},
+        {"type": "integer", "minimum": 10**30},
+        {"type": "integer", "minimum": 5, "maximum": 1},
+        {"type": "array", "minItems": 2**63},
+        {"type": "array", "minItems": 3, "maxItems": 1},
+        {"type": "array", "uniqueItems": True},
+        {"$ref": "#/nope"},
+        {"$ref": "http://example.invalid/schema"},
+        {"$ref": "#"},
+        {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+        {"not": {}},
+        {"enum": []},
+        {"const": None},
+        {"minimum": True},
+        {"anyOf": []},
+    ]
+)
+hostile_schema = st.recursive(
+    _SCHEMA_LEAF
+    | st.dictionaries(st.sampled_from(["type", "properties", "items", "$ref", "enum"]), any_json, max_size=3),
+    lambda inner: st.fixed_dictionaries(
+        {"type": st.sampled_from(["object", "array"])},
+        optional={
+            "properties": st.dictionaries(st.text(max_size=6), inner, max_size=3),
+            "required": st.lists(st.text(max_size=6), max_size=3) | any_json,
+            "items": inner,
+            "anyOf": st.lists(inner, max_size=3),
+            "$defs": st.dictionaries(st.sampled_from(["a", "b"]), inner, max_size=2),
+            "additionalProperties": st.booleans() | inner,
+        },
+    ),
+    max_leaves=12,
+)
+_json_schema_format = st.fixed_dictionaries(
+    {"type": st.just("json_schema")},
+    optional={
+        "json_schema": st.fixed_dictionaries(
+            {"schema": hostile_schema | any_json},
+            optional={"name": text | any_json, "strict": st.booleans() | any_json},
+        )
+        | any_json
+    },
+)
+_tool = st.fixed_dictionaries(
+    {"type": st.sampled_from(["function", "retrieval"]) | any_json},
+    optional={
+        "function": st.fixed_dictionaries(
+            {"name": st.sampled_from(["f", "get_weather", "bad name!", "", "x" * 80]) | text | any_json},
+            optional={"parameters": hostile_schema | any_json, "description": text | any_json},
+        )
+        | any_json
+    },
+)
+_tool_choice = st.sampled_from(
+    [
+        "none",
+        "auto",
+        "required",
+        "sometimes",
+        {"type": "function", "function": {"name": "f"}},
+        {"type": "function"},
+    ]
+)
+
+
 def _wild_values(name: str) -> st.SearchStrategy[Any]:
     """Plausible-but-wrong values for one field, mixed with anything at all."""
     specific: dict[str, st.SearchStrategy[Any]] = {
@@ -151,7 +241,10 @@ def _wild_values(name: str) -> st.SearchStrategy[Any]:
         "stream_options": st.fixed_dictionaries({}, optional={"include_usage": any_json}),
         "response_format": st.fixed_dictionaries(
             {"type": st.sampled_from(["text", "json_object"]) | any_json}
-        ),
+        )
+        | _json_schema_format,
+        "tools": st.lists(_tool, max_size=3),
+        "tool_choice": _tool_choice,
         "logit_bias": st.dictionaries(st.text(max_size=6), any_json, max_size=3),
         "model": st.sampled_from(["synthetic", "gpt-4", "/etc/passwd", "../synthetic", ""]) | any_json,
     }
@@ -160,6 +253,12 @@ def _wild_values(name: str) -> st.SearchStrategy[Any]:
 
 
 _good_text = st.text(min_size=1, max_size=30)
+VALID_TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"enum": [1, 2]}}}},
+    }
+]
 _ids = st.lists(st.integers(0, 49151), min_size=1, max_size=20)
 # In-range values, so that mutated bodies often pass validation and reach the engine.
 _VALID: dict[str, st.SearchStrategy[Any]] = {
@@ -185,13 +284,33 @@ _VALID: dict[str, st.SearchStrategy[Any]] = {
     "echo": st.booleans(),
     "logprobs": st.booleans() | st.integers(0, 20),
     "top_logprobs": st.integers(0, 20),
-    "response_format": st.just({"type": "text"}),
+    "response_format": st.sampled_from(
+        [
+            {"type": "text"},
+            {"type": "json_object"},
+            {"type": "json_schema", "json_schema": {"name": "s", "schema": {"enum": ["a", "b"]}}},
+            {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "p",
+                    "schema": {
+                        "type": "object",
+                        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                    },
+                },
+            },
+        ]
+    ),
     "logit_bias": st.just({}),
-    "tools": st.just([]),
+    "tools": st.just([]) | st.just(VALID_TOOLS),
+    "tool_choice": st.sampled_from(
+        ["none", "auto", "required", {"type": "function", "function": {"name": "f"}}]
+    ),
+    "parallel_tool_calls": st.booleans(),
     "modalities": st.just(["text"]),
     "messages": st.lists(
         st.fixed_dictionaries(
-            {"role": st.sampled_from(["system", "user", "assistant", "developer"]), "content": text}
+            {"role": st.sampled_from(["system", "user", "assistant", "developer", "tool"]), "content": text}
         ),
         min_size=1,
         max_size=4,

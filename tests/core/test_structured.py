@@ -1,0 +1,170 @@
+"""Grammar compiling, caching, matchers and masks (core/structured/), and the engine keeping matcher
+state right through preemption and prefix-cache resumes (random-weight tiny model: the grammar alone
+decides validity, whatever the weights prefer)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+from rillet.core.config import config_from_dict
+from rillet.core.llm import LLM
+from rillet.core.loaders.default_model import default_model_path
+from rillet.core.request import Sequence
+from rillet.core.sampler import Sampler
+from rillet.core.sampling_params import SamplingParams
+from rillet.core.scheduler import Scheduler
+from rillet.core.structured.compiler import GrammarCompiler
+from rillet.core.structured.masks import MaskFiller
+from rillet.core.structured.matcher import GrammarViolation
+from rillet.core.structured.schema import close_objects
+from rillet.core.structured.spec import GrammarError, GrammarSpec
+from rillet.core.tokenizer import Tokenizer
+
+pytest.importorskip("llguidance")
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}, "ok": {"type": "boolean"}},
+    "required": ["n", "ok"],
+}
+SPEC = GrammarSpec("json_schema", json.dumps(SCHEMA))
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return Tokenizer.from_gguf(default_model_path())
+
+
+@pytest.fixture(scope="module")
+def compiler(tok: Tokenizer) -> GrammarCompiler:
+    return GrammarCompiler(tok.backend_json(), 49152, tok.eos_token_ids, cache_size=4)
+
+
+def test_compiled_grammars_are_cached_and_bounded(tok: Tokenizer) -> None:
+    c = GrammarCompiler(tok.backend_json(), 49152, tok.eos_token_ids, cache_size=2)
+    a, b = c.compile(SPEC), c.compile(GrammarSpec("json_schema", json.dumps(SCHEMA), param="other"))
+    assert a is b and c.compiles == 1  # `param` is not part of the key
+    for k in range(3):
+        c.compile(GrammarSpec("json_schema", json.dumps({"enum": [k]})))
+    assert c.cached == 2 and c.compiles == 4
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [{"type": "nope"}, {"$ref": "#/nowhere"}, {"type": "string", "pattern": "(("}, {"uniqueItems": True}],
+)
+def test_bad_schemas_raise_grammar_error_naming_the_field(compiler: GrammarCompiler, schema: Any) -> None:
+    with pytest.raises(GrammarError) as err:
+        compiler.compile(
+            GrammarSpec("json_schema", json.dumps(schema), param="response_format.json_schema.schema")
+        )
+    assert err.value.param == "response_format.json_schema.schema"
+
+
+def test_matcher_accepts_valid_tokens_and_refuses_others(compiler: GrammarCompiler, tok: Tokenizer) -> None:
+    m = compiler.matcher(SPEC)
+    ids = tok.encode('{"n": 3, "ok": true}', add_special_tokens=False)
+    m.sync(ids[:2])
+    assert m.consumed == 2
+    m.sync(ids)  # catches up from where it was
+    assert m.consumed == len(ids) and m.matcher.is_accepting()
+    bad = compiler.matcher(SPEC)
+    with pytest.raises(GrammarViolation):
+        bad.accept(tok.encode("hello", add_special_tokens=False)[0])
+
+
+def _seq(i: int, grammar: Any, output: list[int]) -> Sequence:
+    seq = Sequence(i, f"r{i}", [1, 2, 3], SamplingParams(temperature=0.0))
+    seq.grammar, seq.output_ids = grammar, list(output)
+    return seq
+
+
+@pytest.mark.parametrize("rows", [2, 6])  # inline fill, and the worker thread
+def test_masks_touch_constrained_rows_only(compiler: GrammarCompiler, tok: Tokenizer, rows: int) -> None:
+    filler = MaskFiller(49152, tok.eos_token_ids)
+    prefix = tok.encode('{"n": ', add_special_tokens=False)
+    seqs = [_seq(i, compiler.matcher(SPEC) if i % 2 == 0 else None, prefix) for i in range(rows)]
+    logits = torch.randn(rows, 49152)
+    pending = filler.begin(seqs)
+    assert pending is not None and pending.rows == list(range(0, rows, 2))
+    masked = pending.apply(logits)
+    digits = {tok.encode(str(d), add_special_tokens=False)[0] for d in range(10)}
+    for i in range(rows):
+        allowed = set(torch.nonzero(masked[i] > float("-inf")).flatten().tolist())
+        if i % 2 == 0:
+            assert allowed and allowed <= digits  # the grammar state after `{"n": ` (synced from output_ids)
+        else:
+            assert torch.equal(masked[i], logits[i])
+    sampled = Sampler(49152, tok.eos_token_ids, torch.device("cpu")).sample(logits, seqs, filler.begin(seqs))
+    assert all(sampled.token_ids[i] in digits for i in range(0, rows, 2))
+    filler.close()
+
+
+def test_close_objects() -> None:
+    closed = close_objects(
+        {"type": "object", "properties": {"a": {"properties": {}}}, "$defs": {"d": {"properties": {}}}}
+    )
+    assert (
+        closed["additionalProperties"] is False and closed["properties"]["a"]["additionalProperties"] is False
+    )
+    assert closed["$defs"]["d"]["additionalProperties"] is False
+    open_ = {"properties": {}, "additionalProperties": {"type": "integer"}}
+    assert close_objects(open_) == open_
+    assert "additionalProperties" not in close_objects({"allOf": [{"properties": {}}], "properties": {}})
+
+
+# ---- the engine: preemption and prefix-cache resumes keep the matcher state -------------------------
+
+TINY = {"kind": "shape", "shape": "tiny", "device": "cpu", "dtype": "float32", "quantization": "none"}
+DOC = {
+    "type": "object",
+    "properties": {
+        "items": {
+            "type": "array",
+            "minItems": 3,
+            "maxItems": 6,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "k": {"enum": ["a", "b"]},
+                    "v": {"type": "integer", "minimum": 0, "maximum": 9},
+                },
+                "required": ["k", "v"],
+            },
+        }
+    },
+    "required": ["items"],
+}
+
+
+def _generate(cache: dict[str, Any], prompts: list[str], counter: list[int] | None = None) -> list[str]:
+    params = SamplingParams(
+        max_tokens=120, temperature=0.0, grammar=GrammarSpec("json_schema", json.dumps(DOC))
+    )
+    with LLM(config_from_dict({"model": TINY, "cache": cache, "graphs": {"compile_mode": "none"}})) as llm:
+        if counter is not None:
+            original = Scheduler._preempt
+
+            def counting(self: Scheduler, seq: Sequence) -> None:
+                counter.append(seq.seq_id)
+                original(self, seq)
+
+            llm.engine.core.scheduler._preempt = counting.__get__(llm.engine.core.scheduler)  # type: ignore[method-assign]
+        outs = llm.generate(prompts, params)
+    return [o.outputs[0].text for o in outs]
+
+
+def test_preempted_and_prefix_cached_sequences_keep_their_grammar_state() -> None:
+    prompts = [f"Item list number {i}, please, with some words to fill a block or two." for i in range(6)]
+    reference = _generate({"num_blocks": 256, "block_size": 16, "prefix_caching": False}, prompts)
+    for text in reference:
+        json.loads(text)  # random weights, yet valid: the grammar decides
+    preempted: list[int] = []
+    tight = _generate(
+        {"num_blocks": 24, "block_size": 16, "prefix_caching": True}, prompts + prompts, preempted
+    )
+    assert preempted, "the small pool should have forced preemptions"
+    assert tight == reference + reference  # the repeats resumed from the prefix cache
