@@ -103,7 +103,13 @@ class LLGuidance(Engine):
 
         self.llg = llg
         self.vocab = vocab
-        self.tok = llg.LLTokenizer(tok._backend.to_str(), n_vocab=vocab, eos_token=list(tok.eos_token_ids))
+        # as rillet builds it (core/structured/compiler.py): JSON slices
+        self.tok = llg.LLTokenizer(
+            tok.backend_json(),
+            n_vocab=vocab,
+            eos_token=list(tok.eos_token_ids),
+            slices=llg.LLTokenizer.json_slices(),
+        )
         self.executor = llg.LLExecutor()
         sep = {"item_separator": SEPARATORS[0], "key_separator": SEPARATORS[1], "whitespace_flexible": False}
         self.options = sep

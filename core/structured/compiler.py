@@ -55,8 +55,13 @@ class GrammarCompiler:
             if self._lltok is None:
                 import llguidance
 
+                # JSON slices: token-trie partitions tuned for JSON strings; mask fills measured about
+                # twice as fast as the general ones on JSON schemas (bench/grammar_engines.py)
                 self._lltok = llguidance.LLTokenizer(
-                    self._tokenizer_json, n_vocab=self.vocab_size, eos_token=list(self.eos_token_ids)
+                    self._tokenizer_json,
+                    n_vocab=self.vocab_size,
+                    eos_token=list(self.eos_token_ids),
+                    slices=llguidance.LLTokenizer.json_slices(),
                 )
             return self._lltok
 
