@@ -68,9 +68,12 @@ def run_once(llm: LLM, batch: int, tokens: int, constrained: bool, offset: int) 
     dt = time.perf_counter() - t0
     n = sum(len(o.outputs[0].token_ids) for o in outs)
     steps = masks.stats.steps - before[0]
-    per_step = lambda i: (
-        (getattr(masks.stats, ("fill_s", "wait_s", "apply_s")[i - 1]) - before[i]) / max(steps, 1) * 1000
-    )  # noqa: E731
+
+    def per_step(i: int) -> float:
+        return (
+            (getattr(masks.stats, ("fill_s", "wait_s", "apply_s")[i - 1]) - before[i]) / max(steps, 1) * 1000
+        )
+
     if constrained:
         for o in outs:  # the grammar never let a row end early
             assert len(o.outputs[0].token_ids) == tokens, o.outputs[0].text
