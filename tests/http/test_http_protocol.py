@@ -72,8 +72,13 @@ def test_message_forms() -> None:
     gen = parse_chat(chat(messages=msgs), TOK, LIMITS)
     assert TOK.decode(gen.prompts[0]) == "<system>be brief\n<user>a\nb\n<assistant>\n<user>c\n<assistant>"
     with pytest.raises(ApiError) as err:
-        parse_chat(chat(messages=[{"role": "tool", "content": "x"}]), TOK, LIMITS)
+        parse_chat(chat(messages=[{"role": "function", "content": "x"}]), TOK, LIMITS)
     assert err.value.param == "messages[0].role"
+    with pytest.raises(ApiError) as err:
+        parse_chat(
+            chat(messages=[{"role": "user", "content": "x", "tool_calls": [{"id": "a"}]}]), TOK, LIMITS
+        )
+    assert err.value.param == "messages[0].tool_calls"
 
 
 def test_completion_prompt_forms() -> None:
