@@ -140,11 +140,19 @@ DOC = {
 }
 
 
-def _generate(cache: dict[str, Any], prompts: list[str], counter: list[int] | None = None) -> list[str]:
+def _generate(
+    cache: dict[str, Any], prompts: list[str], counter: list[int] | None = None, overlap: str = "off"
+) -> list[str]:
     params = SamplingParams(
         max_tokens=120, temperature=0.0, grammar=GrammarSpec("json_schema", json.dumps(DOC))
     )
-    with LLM(config_from_dict({"model": TINY, "cache": cache, "graphs": {"compile_mode": "none"}})) as llm:
+    sections = {
+        "model": TINY,
+        "cache": cache,
+        "graphs": {"compile_mode": "none"},
+        "engine": {"overlap": overlap},
+    }
+    with LLM(config_from_dict(sections)) as llm:
         if counter is not None:
             original = Scheduler._preempt
 
@@ -168,3 +176,11 @@ def test_preempted_and_prefix_cached_sequences_keep_their_grammar_state() -> Non
     )
     assert preempted, "the small pool should have forced preemptions"
     assert tight == reference + reference  # the repeats resumed from the prefix cache
+
+
+def test_overlapped_engine_runs_grammar_rows_exactly() -> None:
+    # a constrained row needs its previous token on the host before its next mask (core/overlap.py):
+    # with engine.overlap on, the engine lands each step before scheduling such rows
+    prompts = [f"Item list number {i}, please." for i in range(3)]
+    cache = {"num_blocks": 256, "block_size": 16, "prefix_caching": False}
+    assert _generate(cache, prompts, overlap="on") == _generate(cache, prompts, overlap="off")
