@@ -369,6 +369,37 @@ def almost_valid_body(draw: st.DrawFn, kind: str, model: str) -> bytes:
     return raw
 
 
+SAMPLING_FIELDS = [
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "n",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "stream",
+    "ignore_eos",
+    "min_tokens",
+    "stop_token_ids",
+]
+
+
+@st.composite
+def sampling_body(draw: st.DrawFn, kind: str, model: str) -> bytes:
+    """A valid request whose sampling parameters are all drawn from their valid ranges: the bodies
+    that must reach the sampler (almost_valid_body mostly tests the 400 paths)."""
+    body = valid_body(kind, model)
+    for name in draw(st.lists(st.sampled_from(SAMPLING_FIELDS), min_size=1, max_size=6, unique=True)):
+        body[name] = draw(_VALID[name])
+    if kind == "chat" and draw(st.booleans()):
+        body["logprobs"], body["top_logprobs"] = True, draw(st.integers(0, 20))
+    return orjson.dumps(body)
+
+
 class Client:
     """One keep-alive connection to the server; reconnects when the server closed it."""
 

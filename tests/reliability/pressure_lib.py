@@ -82,4 +82,3 @@ def hold_first_step(engine: Any, requests: int, timeout: float = 60.0) -> None:
         return inner(*args, **kwargs)
 
     engine.core.runner.step = wrapped
-

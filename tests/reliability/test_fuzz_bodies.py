@@ -2,7 +2,8 @@
 
 One server over the synthetic engine (no step time, max_tokens capped at 8) takes every case on a
 keep-alive connection; afterwards the engine, the pool and the server must be as they were. Then
-300 almost-valid bodies through a tiny real model, whose sampler the synthetic engine never runs.
+300 almost-valid or valid-sampling bodies through a tiny real model, whose sampler the synthetic
+engine never runs.
 Strategies and checks: fuzz_lib.py. The long run (10,000 cases): tests/stress/fuzz_bodies.py.
 """
 
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fuzz_lib import Client, almost_valid_body, random_body
+from fuzz_lib import Client, almost_valid_body, random_body, sampling_body
 from hypothesis import HealthCheck, given, settings
 from rel_helpers import CHAT, COMP, assert_all_released, assert_serves, served
 from rillet.http.background import BackgroundServer
@@ -31,6 +32,9 @@ TINY = ["model.kind=shape", "model.shape=tiny", "cache.num_blocks=512"]
 FUZZ = settings(
     max_examples=CASES,
     database=None,  # never write .hypothesis/ into the repository
+    # CI runs the same cases on every machine (the counts asserted below are then a property of the
+    # strategies, not of one run's luck); tests/stress/fuzz_bodies.py draws new ones each time.
+    derandomize=True,
     deadline=None,
     suppress_health_check=list(HealthCheck),
 )
@@ -95,13 +99,14 @@ def test_almost_valid_bodies_on_a_real_sampler(path: str) -> None:
         c = Client(srv.host, srv.port)
 
         @settings(FUZZ, max_examples=SAMPLER_CASES)
-        @given(body=almost_valid_body(kind, engine.model_name))
+        @given(body=almost_valid_body(kind, engine.model_name) | sampling_body(kind, engine.model_name))
         def run(body: bytes) -> None:
             c.check(path, body)
 
         run()
         c.close()
-        assert c.statuses[200] > SAMPLER_CASES // 10, c.statuses
+        # Half the draws are sampling_body's valid parameter sets: the sampler really ran.
+        assert c.statuses[200] > SAMPLER_CASES // 4, c.statuses
         assert_all_released(engine, srv)
 
 
