@@ -35,6 +35,9 @@ DType = Literal["auto", "float32", "bfloat16", "float16"]
 Device = Literal["auto", "cpu", "cuda"]
 AttentionBackendName = Literal["auto", "torch", "flashinfer"]
 PrefillBackendName = Literal["auto", "torch", "flashinfer", "xformers"]
+# flashinfer's own prefill kernels. auto lets flashinfer choose per plan(): FA3 on Hopper (sm90, CUDA
+# >= 12.3, head dims 64/128) whenever the longest query in the step exceeds 64 tokens.
+FlashinferPrefillKernels = Literal["fa2", "fa3", "auto"]
 CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune-no-cudagraphs"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
@@ -125,6 +128,16 @@ class GraphConfig:
 class AttentionConfig:
     backend: AttentionBackendName = "auto"  # decode (and prefill unless prefill_backend says)
     prefill_backend: PrefillBackendName = "auto"
+    # the kernels of flashinfer's prefill wrapper; fa2 until FA3 has been measured on the device
+    flashinfer_prefill_backend: FlashinferPrefillKernels = "fa2"
+
+    def __post_init__(self) -> None:
+        allowed = get_args(FlashinferPrefillKernels)
+        _check(
+            self.flashinfer_prefill_backend in allowed,
+            "attention.flashinfer_prefill_backend",
+            f"must be one of {', '.join(allowed)}, got {self.flashinfer_prefill_backend!r}",
+        )
 
 
 @dataclass(frozen=True)

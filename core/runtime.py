@@ -202,6 +202,8 @@ def make_backend(
         log.info("%s", line)
     if sel.prefill_backend != sel.backend:
         log.info("prefill backend %s is not wired yet: prefill uses %s", sel.prefill_backend, sel.backend)
+    if sel.backend == "flashinfer":
+        log.info("attention: flashinfer prefill kernels %s", cfg.attention.flashinfer_prefill_backend)
     buckets: tuple[int, ...] = ()
     if device.type == "cuda" and cfg.graphs.enabled != "off":
         buckets = resolve_buckets(cfg.graphs.buckets, cfg.scheduler.max_num_seqs)
@@ -213,6 +215,7 @@ def make_backend(
         device=device,
         graph_batch_sizes=buckets,
         max_blocks_per_seq=_max_blocks(cfg, arch),
+        flashinfer_prefill_backend=cfg.attention.flashinfer_prefill_backend,
     )
 
 

@@ -23,14 +23,19 @@ from __future__ import annotations
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, get_args
 
 import torch
 
+from ..config import FlashinferPrefillKernels
 from . import AttentionBackend, AttentionMetadata
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # flashinfer's recommended float workspace (split-k partials)
 TENSOR_CORE_MIN_GROUP = 4  # GQA group at which flashinfer's tensor-core decode wins (as sglang)
+# The prefill wrapper's `backend` (flashinfer 0.7.4 prefill.py). "auto" resolves at every plan():
+# FA3 on sm90 for head dims 64/128 unless the step's longest query is <= 64 tokens. The decode
+# wrappers need no choice: bf16 tensor-core decode always runs FA2 there (FA3 only for fp8).
+PREFILL_KERNELS = get_args(FlashinferPrefillKernels)
 
 AttentionOp = Callable[..., torch.Tensor]
 
@@ -88,7 +93,12 @@ class FlashInferAttentionBackend(AttentionBackend):
         graph_batch_sizes: Sequence[int] = (),
         max_blocks_per_seq: int = 0,
         workspace_bytes: int | None = None,  # None = WORKSPACE_BYTES
+        prefill_backend: str = "fa2",  # flashinfer's prefill kernels: fa2 | fa3 | auto
     ) -> None:
+        if prefill_backend not in PREFILL_KERNELS:
+            raise ValueError(
+                f"prefill_backend must be one of {', '.join(PREFILL_KERNELS)}, got {prefill_backend!r}"
+            )
         import flashinfer
 
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
@@ -98,7 +108,10 @@ class FlashInferAttentionBackend(AttentionBackend):
         # zeroed: flashinfer requires it before first use; one workspace for every wrapper
         nbytes = WORKSPACE_BYTES if workspace_bytes is None else workspace_bytes
         self._workspace = torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
-        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
+        self.prefill_backend = prefill_backend
+        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self._workspace, "NHD", backend=prefill_backend
+        )
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self._workspace, "NHD", use_tensor_cores=self.tensor_cores
         )

@@ -6,6 +6,8 @@
                             xformers: only when a build imports and a tiny kernel runs on the
                             device (the registry wheel raises NotImplementedError on the GPU image);
                             otherwise the decode backend, with a log line.
+  attention.flashinfer_prefill_backend
+                            fa2 | fa3 | auto: the kernels flashinfer's prefill wrapper runs.
 
 Backend modules are imported lazily: selecting never imports flashinfer's kernels or the torch
 backend's module, and `create_attention_backend` imports only the one it builds.
@@ -117,8 +119,10 @@ def create_attention_backend(
     device: torch.device,
     graph_batch_sizes: Sequence[int] = (),
     max_blocks_per_seq: int = 0,
+    flashinfer_prefill_backend: str = "fa2",
 ) -> AttentionBackend:
-    """Builds the backend `name` for a model; `graph_batch_sizes` = the captured decode buckets."""
+    """Builds the backend `name` for a model; `graph_batch_sizes` = the captured decode buckets;
+    `flashinfer_prefill_backend` = the kernels of flashinfer's prefill wrapper (fa2 | fa3 | auto)."""
     if name == "torch":
         from .torch_backend import TorchAttentionBackend
 
@@ -135,5 +139,6 @@ def create_attention_backend(
             device,
             graph_batch_sizes=graph_batch_sizes,
             max_blocks_per_seq=max_blocks_per_seq,
+            prefill_backend=flashinfer_prefill_backend,
         )
     raise ValueError(f"no attention backend named {name!r} can be built (known: torch, flashinfer)")

@@ -113,9 +113,14 @@ class FakeDecodeWrapper:
         return _paged_reference(q, kv, qo, *self.layout, self.page_size, causal=False, scale=self.scale)
 
 
+# flashinfer 0.7.4's BatchPrefillWithPagedKVCacheWrapper(..., backend=...) values (prefill.py)
+FLASHINFER_PREFILL_BACKENDS = ("auto", "fa2", "fa3", "cudnn", "trtllm-gen", "cute-dsl", "cute-dsl-prims")
+
+
 class FakePrefillWrapper:
-    def __init__(self, workspace: torch.Tensor, layout: str) -> None:
-        assert layout == "NHD"
+    def __init__(self, workspace: torch.Tensor, layout: str, *, backend: str = "auto") -> None:
+        assert layout == "NHD" and backend in FLASHINFER_PREFILL_BACKENDS
+        self.backend = backend
         self.num_plans = 0
 
     def plan(
@@ -179,6 +184,41 @@ def test_host_page_layout() -> None:
 def test_tensor_cores_follow_gqa_group(fake_flashinfer: types.ModuleType) -> None:
     assert FlashInferAttentionBackend(32, 8, 128, 16, torch.float32, "cpu", workspace_bytes=64).tensor_cores
     assert not FlashInferAttentionBackend(9, 3, 64, 16, torch.float32, "cpu", workspace_bytes=64).tensor_cores
+
+
+def test_prefill_wrapper_gets_the_configured_kernels(fake_flashinfer: types.ModuleType) -> None:
+    # fa2 by default: flashinfer's own default ("auto") picks FA3 on an H200 for queries > 64 tokens
+    assert _backend()._prefill.backend == "fa2"
+    for kernels in ("fa2", "fa3", "auto"):
+        assert _backend(prefill_backend=kernels)._prefill.backend == kernels
+    with pytest.raises(ValueError, match="prefill_backend must be one of fa2, fa3, auto"):
+        _backend(prefill_backend="fa4")
+
+
+def test_config_key_reaches_the_prefill_wrapper(
+    fake_flashinfer: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """attention.flashinfer_prefill_backend, through the runtime's backend construction."""
+    from rillet.core import runtime
+    from rillet.core.attention.select import AttentionSelection
+    from rillet.core.config import load_config
+    from rillet.core.model.arch import ModelArch
+
+    chosen = AttentionSelection("flashinfer", "flashinfer", [])
+    monkeypatch.setattr(runtime, "select_attention_backend", lambda cfg, device: chosen)
+    monkeypatch.setattr("rillet.core.attention.flashinfer_backend.WORKSPACE_BYTES", 1024)
+    arch = ModelArch(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=1,
+        num_heads=HQ,
+        num_kv_heads=HKV,
+        head_dim=D,
+    )
+    for overrides, want in (([], "fa2"), (["attention.flashinfer_prefill_backend=fa3"], "fa3")):
+        be = runtime.make_backend(load_config(None, overrides), arch, torch.device("cpu"), torch.float32)
+        assert isinstance(be, FlashInferAttentionBackend) and be._prefill.backend == want
 
 
 class Step:

@@ -32,6 +32,8 @@ def test_yaml_file_and_overrides(tmp_path: Path) -> None:
         ({"cache": {"block_size": 12}}, [], "cache.block_size"),
         ({}, ["scheduler.max_num_seqs=0"], "scheduler.max_num_seqs"),
         ({}, ["model.dtype=float64"], "model.dtype"),
+        ({}, ["attention.flashinfer_prefill_backend=fa4"], "attention.flashinfer_prefill_backend"),
+        ({"attention": {"prefill_backend": "fa2"}}, [], "attention.prefill_backend"),
         ({}, ["stream.ring_capacity=1000"], "stream.ring_capacity"),
         ({}, ["server.port=true"], "server.port"),
         ({}, ["justakey"], "justakey"),
@@ -54,3 +56,12 @@ def test_frozen() -> None:
     cfg = config_from_dict({})
     with pytest.raises(AttributeError):
         cfg.cache.block_size = 8  # type: ignore[misc]
+
+
+def test_flashinfer_prefill_backend_is_checked_on_construction() -> None:
+    from rillet.core.config import AttentionConfig
+
+    assert AttentionConfig().flashinfer_prefill_backend == "fa2"
+    with pytest.raises(ConfigError) as err:
+        AttentionConfig(flashinfer_prefill_backend="fa4")  # type: ignore[arg-type]
+    assert err.value.key == "attention.flashinfer_prefill_backend" and "fa2, fa3, auto" in str(err.value)
