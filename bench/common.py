@@ -39,9 +39,16 @@ def machine() -> dict[str, Any]:
 
 
 def write_json(path: str | Path, data: dict[str, Any]) -> None:
+    """Whole or not at all: a process killed mid-write (a device call's time limit) leaves the
+    previous version, never a truncated file."""
+    import os
+    import threading
+
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps({"machine": machine(), **data}, indent=2))
+    tmp = p.with_name(f"{p.name}.{threading.get_ident()}.tmp")  # per thread: a watchdog writes too
+    tmp.write_text(json.dumps({"machine": machine(), **data}, indent=2))
+    os.replace(tmp, p)
 
 
 def table(rows: list[dict[str, Any]], cols: list[str]) -> str:

@@ -105,16 +105,30 @@ def logit_stats(x: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
 
 
 def compare_logits(
-    arch: ModelArch, device: torch.device, backend: str, prompt_len: int, n_decode: int, seed: int = 0
+    arch: ModelArch,
+    device: torch.device,
+    backend: str,
+    prompt_len: int,
+    n_decode: int,
+    seed: int = 0,
+    prefill_kernels: str = "fa2",
 ) -> dict[str, Any]:
-    """rillet (bf16, `backend`) and transformers (bf16) against transformers in fp32, same weights."""
+    """rillet (bf16, `backend`) and transformers (bf16) against transformers in fp32, same weights.
+    `prefill_kernels`: flashinfer's prefill kernels, as attention.flashinfer_prefill_backend."""
     hf = hf_model(arch, device, torch.bfloat16, seed)
     ids = random_ids(prompt_len, arch.vocab_size, torch.Generator().manual_seed(seed + 1))
     x = torch.tensor([ids], device=device)
     with torch.inference_mode():
         hf_bf16 = hf(x).logits[0].float()
     block = 16
-    be = create_attention_backend(backend, arch, block_size=block, dtype=torch.bfloat16, device=device)
+    be = create_attention_backend(
+        backend,
+        arch,
+        block_size=block,
+        dtype=torch.bfloat16,
+        device=device,
+        flashinfer_prefill_backend=prefill_kernels,
+    )
     model = build_model(arch, be, torch.bfloat16, device)
     with torch.no_grad():
         model.load_weights(hf.state_dict().items())
@@ -133,6 +147,7 @@ def compare_logits(
         "prompt_len": prompt_len,
         "decode_steps": n_decode,
         "backend": backend,
+        "prefill_kernels": prefill_kernels if backend == "flashinfer" else None,
         "hf_attn": attn,
         "rillet_vs_fp32": logit_stats(ours, ref),
         "hf_bf16_vs_fp32": logit_stats(hf_bf16, ref),

@@ -114,7 +114,9 @@ def part_env_and_bandwidth(p: Plan) -> Part:
 
 
 def part_logits(p: Plan, label: str, arch: ModelArch) -> Part:
-    r = compare_logits(arch, torch.device(p.device), p.attention, p.logit_prompt, p.logit_decode)
+    r = compare_logits(
+        arch, torch.device(p.device), p.attention, p.logit_prompt, p.logit_decode, 0, p.prefill_kernels
+    )
     ours, hf = r["rillet_vs_fp32"], r["hf_bf16_vs_fp32"]
     bound = max(2 * hf["rel_err"], LOGITS_FLOOR)
     ok = ours["finite"] and ours["rel_err"] <= bound

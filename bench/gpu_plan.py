@@ -28,6 +28,32 @@ TIE_TOL = 0.1  # nats: a graphs-vs-eager divergence at a near-tie of eager's top
 LOGPROB_TOL = 0.25  # nats: chosen-token logprobs over the common prefix
 LOGITS_FLOOR = 1e-2  # relative error always accepted (bf16 operands land between 1e-3 and 1e-2)
 
+# ---- time (GPU) ------------------------------------------------------------------------------------
+# The budget counts from the start of the device command (gpu_run.sh exports GPU_RUN_START), so the
+# kit's install and the imports are inside it: budget + watchdog grace + EXIT_S <= DEVICE_LIMIT_S.
+DEVICE_LIMIT_S = 420  # timeout_s of the one device call (bench/GPU.md)
+EXIT_S = 25  # after the watchdog fires: table, JSON, flashinfer's log copied into $OUT
+SETUP_S = 45  # estimate until measured there: install.sh, the import check, imports before parts
+GRACE_S = 15
+# Parts in the order they run: those that answer the targets first, on one 7B engine; then the
+# logits comparisons; the default shape's greedy check (a second compile) last. A part is not
+# started when less than its expected seconds (`need_s`) is left; the first six fit the budget
+# after SETUP_S even at these estimates, the last three run on what the first ones did not use.
+#   (name, --only key, need_s)
+PARTS: tuple[tuple[str, str, float], ...] = (
+    ("copy bandwidth", "bw", 15),  # with flashinfer's import (~7 s)
+    ("build 7B engine", "build", 150),  # two Inductor compiles and the CUDA-graph captures
+    ("(b) batch-1 decode", "b", 25),
+    ("(c) batch-64 decode", "c", 40),
+    ("(d) stream vs non-stream", "d", 60),
+    ("(a) greedy 7B", "greedy7b", 40),  # builds an eager 7B engine beside the graphed one
+    ("(a) logits 7B", "logits", 40),
+    ("(a) logits default", "logits", 20),
+    ("(a) greedy default", "greedy", 90),  # compiles the default shape's buckets
+)
+TARGET_PARTS = 6  # the first six answer (b), (c), (d) and graphs-vs-eager on the 7B shape
+NEED_S = {name: need for name, _, need in PARTS}
+
 
 @dataclass
 class Part:
@@ -58,6 +84,7 @@ class Plan:
     device: str  # cuda | cpu
     dtype: str  # engine dtype
     attention: str  # flashinfer | torch (explicit: a silent fallback would measure the wrong thing)
+    prefill_kernels: str  # flashinfer's prefill kernels (attention.flashinfer_prefill_backend)
     big_shape: str
     small_shape: str
     big_arch: ModelArch  # the architectures compared with transformers
@@ -96,7 +123,7 @@ class Plan:
 def make_plan(cpu_smoke: bool, budget_s: float | None) -> Plan:
     if not cpu_smoke:
         return Plan(
-            "cuda", "bfloat16", "flashinfer", "mistral-7b", "smollm2-135m",
+            "cuda", "bfloat16", "flashinfer", "fa2", "mistral-7b", "smollm2-135m",
             SHAPES["mistral-7b"], SHAPES["smollm2-135m"],
             big_buckets=(1, 2, 4, 8, 16, 32, 64), small_buckets=(2, 4),  # (2, 4): one compile
             max_num_seqs=64, big_blocks=6144, small_blocks=512, max_model_len=4096,
@@ -104,11 +131,11 @@ def make_plan(cpu_smoke: bool, budget_s: float | None) -> Plan:
             greedy_lens=(5, 40, 130, 300), greedy_max_tokens=(32, 24, 16, 8),  # batch 4, 3, 2, 1
             b_context=256, b_prompt=128, b_new=128, c_rows=64, c_context=1024, c_new=64,
             iters=30, warmup=5, d_concurrency=(1, 64), d_runs=3, d_max_tokens=128,
-            budget_s=budget_s or 320.0, grace_s=15.0, scale=1.0,
+            budget_s=budget_s or float(DEVICE_LIMIT_S - GRACE_S - EXIT_S), grace_s=GRACE_S, scale=1.0,
         )  # fmt: skip
     tiny = SHAPES["tiny"]
     return Plan(
-        "cpu", "float32", "torch", "tiny", "tiny",
+        "cpu", "float32", "torch", "fa2", "tiny", "tiny",
         dataclasses.replace(tiny, architecture="mistral"),
         dataclasses.replace(tiny, tie_word_embeddings=True),
         big_buckets=(1, 2, 4, 8), small_buckets=(2, 4), max_num_seqs=8, big_blocks=256, small_blocks=128,
@@ -133,6 +160,7 @@ def overrides(
         f"graphs.buckets=[{', '.join(map(str, buckets))}]",
         f"graphs.compile_mode={compile_mode}",
         f"attention.backend={p.attention}",
+        f"attention.flashinfer_prefill_backend={p.prefill_kernels}",
         f"cache.num_blocks={blocks}",
         f"scheduler.max_num_seqs={p.max_num_seqs}",
     ]
