@@ -34,7 +34,7 @@ LOGITS_FLOOR = 1e-2  # relative error always accepted (bf16 operands land betwee
 DEVICE_LIMIT_S = 420  # timeout_s of the one device call (bench/GPU.md)
 EXIT_S = 25  # after the watchdog fires: table, JSON, flashinfer's log copied into $OUT
 SETUP_S = 45  # estimate until measured there: install.sh, the import check, imports before parts
-GRACE_S = 15
+GRACE_S = 15.0  # the watchdog fires this long past the budget (a part that overran)
 # Parts in the order they run: those that answer the targets first, on one 7B engine; then the
 # logits comparisons; the default shape's greedy check (a second compile) last. A part is not
 # started when less than its expected seconds (`need_s`) is left; the first six fit the budget
