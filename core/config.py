@@ -40,6 +40,7 @@ PrefillBackendName = Literal["auto", "torch", "flashinfer", "xformers"]
 FlashinferPrefillKernels = Literal["fa2", "fa3", "auto"]
 CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune-no-cudagraphs"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+OverCapacity = Literal["reply_503", "reset"]
 
 
 @dataclass(frozen=True)
@@ -178,9 +179,20 @@ class ServerConfig:
     drain_timeout_s: float = 30.0
     loop_nice: int = 0  # the event loop thread's nice increment (Linux); see http/process_tuning.py
     ui: Literal["on", "off"] = "on"  # the browser page at / (chat playground, dashboard); off = 404
+    # Slow and idle connections (http/connection.py): deadlines on reading a request, separate
+    # from request_timeout_s (generation); a cap on open connections.
+    header_timeout_s: float = 10.0  # from accept / first byte to the end of the request head
+    body_timeout_s: float = 60.0  # from the end of the head to the last byte of the body
+    keepalive_timeout_s: float = 75.0  # idle time between requests on one connection
+    max_connections: int = 4096
+    over_capacity: OverCapacity = "reply_503"  # past max_connections
 
     def __post_init__(self) -> None:
         _check(0 <= self.loop_nice <= 19, "server.loop_nice", "must be in 0..19")
+        _check(self.header_timeout_s > 0, "server.header_timeout_s", "must be > 0")
+        _check(self.body_timeout_s > 0, "server.body_timeout_s", "must be > 0")
+        _check(self.keepalive_timeout_s > 0, "server.keepalive_timeout_s", "must be > 0")
+        _check(self.max_connections >= 1, "server.max_connections", "must be >= 1")
         _check(0 <= self.port <= 65535, "server.port", "must be in 0..65535")
         _check(self.max_body_bytes >= 1024, "server.max_body_bytes", "must be >= 1024")
         _check(self.max_header_bytes >= 1024, "server.max_header_bytes", "must be >= 1024")

@@ -26,6 +26,7 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        close: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -34,6 +35,7 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
+        self.close = close  # end the connection after this answer (the request stream is unusable)
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -42,9 +44,12 @@ class ApiError(Exception):
         return orjson.dumps(self.body())
 
     def response(self) -> web.Response:
-        return web.Response(
+        resp = web.Response(
             status=self.status, body=self.to_json(), content_type=JSON_CONTENT_TYPE, headers=self.headers
         )
+        if self.close:
+            resp.force_close()
+        return resp
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:

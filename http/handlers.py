@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from .connection import read_body
 from .engine_api import EngineLike
 from .errors import JSON_CONTENT_TYPE, ApiError, bad_request, model_not_found
 from .generate import run_generation
@@ -30,12 +31,13 @@ def _json(obj: Any, status: int = 200) -> web.Response:
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:
-    limit = request.app[STATE].cfg.server.max_body_bytes
+    srv = request.app[STATE].cfg.server
+    limit = srv.max_body_bytes
     # A declared length over the limit is refused before reading (or waiting for) any of it.
     if (request.content_length or 0) > limit:
         raise _too_large(limit)
     try:
-        raw = await request.read()
+        raw = await read_body(request, srv.body_timeout_s)
     except web.HTTPRequestEntityTooLarge as exc:
         raise _too_large(limit) from exc
     if not raw:

@@ -3,6 +3,10 @@
 - The heap is frozen (`gc.freeze`): the model, the tokenizer's tables and everything else built
   at load time live as long as the process, and a full collection would walk all of them. Frozen,
   they are skipped; collections only see request-time objects (shorter pauses on both threads).
+- At start-up (`raise_fd_limit`), the soft limit on open files is raised to the hard limit: every
+  client connection holds a descriptor, and the default soft limit (often 1,024) would cap the
+  server far below what the machine allows. The connection cap (http/conn_limits.py) is then
+  sized to fit what the limit leaves.
 - Optionally (`server.loop_nice` > 0) the event loop's thread gets a lower CPU priority, so that
   when engine thread and loop are both runnable the engine wins. Linux only: there `setpriority`
   on a thread id renices that thread alone; raising nice needs no privileges. Off by default, on
@@ -17,6 +21,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import resource
 import sys
 import threading
 
@@ -41,6 +46,24 @@ def lower_thread_priority(nice: int) -> bool:
         log.warning("could not lower the event loop's priority: %s", exc)
         return False
     return True
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raises the soft RLIMIT_NOFILE to the hard one; logs both; returns (soft, hard) after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    before = soft
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (OSError, ValueError) as exc:  # e.g. an unlimited hard limit the kernel refuses
+            log.warning("could not raise the open files limit from %d to %d: %s", soft, hard, exc)
+    log.info("open files limit: soft %s (was %s), hard %s", _limit(soft), _limit(before), _limit(hard))
+    return soft, hard
+
+
+def _limit(n: int) -> str:
+    return "unlimited" if n == resource.RLIM_INFINITY else str(n)
 
 
 def tune_for_serving(loop_nice: int) -> None:

@@ -25,7 +25,7 @@ from rillet.core.config import ConfigError, RilletConfig
 from .engine_api import EngineLike
 from .errors import unavailable
 from .model_path import check_model_path
-from .process_tuning import tune_for_serving
+from .process_tuning import raise_fd_limit, tune_for_serving
 from .progress import ProgressBar
 from .server import HttpServer
 from .state import ServerState
@@ -108,6 +108,7 @@ async def serve(cfg: RilletConfig) -> int:
     except ConfigError as bad:
         sys.stderr.write(f"rillet: error: {bad}\n")
         return EXIT_CONFIG
+    raise_fd_limit()  # before ServerState: the connection cap is sized to the limit
     state = ServerState(cfg)
     server = HttpServer(state)
     port = await server.start(cfg.server.host, cfg.server.port)

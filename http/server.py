@@ -13,8 +13,10 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
+from .connection import ApiRequestHandler, connection_of
 from .errors import ApiError, from_http_exception, headers_too_large, internal_error
 from .handlers import STATE, chat_completions, completions, get_model, health, list_models, metrics
+from .listener import ApiSite
 from .state import ServerState
 from .ui import add_ui_routes
 
@@ -27,7 +29,10 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
     resource = request.match_info.route.resource
     endpoint = resource.canonical if resource is not None else "unmatched"
     status = 500
+    conn = connection_of(request)
     try:
+        if conn is not None:
+            conn.request_started(request)  # headers are in: their deadline ends (503 if over the cap)
         _check_header_size(request, state.cfg.server.max_header_bytes)
         state.keys.check(endpoint, request.headers.get("Authorization"))
         resp = await handler(request)
@@ -47,6 +52,8 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
         log.exception("unhandled error in %s %s", request.method, request.path)
         return internal_error().response()
     finally:
+        if conn is not None:
+            conn.request_finished()
         state.metrics.requests.labels(endpoint, str(status)).inc()
 
 
@@ -94,19 +101,32 @@ class HttpServer:
         """Listens on host:port (0 = any free port); returns the port."""
         srv = self.state.cfg.server
         access_log = logging.getLogger("aiohttp.access") if log.isEnabledFor(logging.DEBUG) else None
-        self._runner = web.AppRunner(
+        handler_kwargs = {
+            "access_log": access_log,
+            "max_line_size": srv.max_header_bytes,
+            "max_field_size": srv.max_header_bytes,
+            "logger": _ProtocolLog(logging.getLogger("aiohttp.server"), {}),
+            # aiohttp's own idle timer, a backstop only: connection.py's deadlines come first.
+            "keepalive_timeout": 2 * max(srv.keepalive_timeout_s, srv.header_timeout_s) + 10,
+        }
+        runner = web.AppRunner(
             self.app,
             # A client that disconnects cancels its handler, whose `finally` aborts the request in
             # the engine: non-streaming requests notice a vanished client too, not only streams.
             handler_cancellation=True,
-            access_log=access_log,
-            max_line_size=srv.max_header_bytes,
-            max_field_size=srv.max_header_bytes,
-            logger=_ProtocolLog(logging.getLogger("aiohttp.server"), {}),
             shutdown_timeout=1.0,
+            **handler_kwargs,
         )
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        self._runner = runner
+        await runner.setup()
+        loop = asyncio.get_running_loop()
+        limits = self.state.connections
+        manager = runner.server
+
+        def make_protocol() -> ApiRequestHandler:
+            return ApiRequestHandler(manager, loop=loop, limits=limits, **handler_kwargs)
+
+        site = ApiSite(runner, host, port, make_protocol)
         await site.start()
         ports = self._bound_ports()
         self.port = ports[0] if ports else port

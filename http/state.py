@@ -17,6 +17,7 @@ from typing import Literal
 from rillet.core.config import RilletConfig
 
 from .auth import ApiKeys
+from .conn_limits import ConnLimits
 from .dispatcher import Dispatcher
 from .engine_api import EngineLike, engine_exception, vocab_size
 from .errors import unavailable
@@ -37,6 +38,7 @@ class ServerState:
         self.started = int(time.time())
         self.keys = ApiKeys(cfg.server.api_keys)
         self.metrics = Metrics(self._samples)
+        self.connections = ConnLimits(cfg.server, self.metrics.registry)
         self.engine: EngineLike | None = None
         self.dispatcher: Dispatcher | None = None
         self.limits: Limits | None = None

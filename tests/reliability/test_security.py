@@ -63,20 +63,23 @@ def _assert_api_error(status: int, body: bytes, expected: int, code: str | None 
 def test_header_limits(secure: tuple[Any, BackgroundServer]) -> None:
     engine, srv = secure
     auth = b"Authorization: Bearer sekrit-1\r\n"
-    # One header line over the limit: aiohttp's parser refuses it (400) before any handler runs.
-    status, _, _ = _raw(
+    # One header line over the limit: aiohttp's parser refuses it before any handler runs (431 in
+    # the API's shape: connection.py answers aiohttp's parser errors; test_wire_errors.py has all).
+    status, _, body = _raw(
         srv, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + auth + b"X-Big: " + b"a" * 5000 + b"\r\n\r\n"
     )
-    assert status == 400
+    _assert_api_error(status, body, 431, "request_header_fields_too_large")
     # Many small headers, over the limit together: 431 in the API's error shape.
     many = b"".join(b"X-H%d: %s\r\n" % (i, b"b" * 100) for i in range(60))
     status, _, body = _raw(srv, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + auth + many + b"\r\n")
     _assert_api_error(status, body, 431, "request_header_fields_too_large")
     # More headers than aiohttp parses at all.
     lots = b"".join(b"X-%d: 1\r\n" % i for i in range(200))
-    assert _raw(srv, b"GET /health HTTP/1.1\r\nHost: x\r\n" + lots + b"\r\n")[0] == 400
+    status, _, body = _raw(srv, b"GET /health HTTP/1.1\r\nHost: x\r\n" + lots + b"\r\n")
+    _assert_api_error(status, body, 431, "request_header_fields_too_large")
     # A request line over the limit.
-    assert _raw(srv, b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 400
+    status, _, body = _raw(srv, b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    _assert_api_error(status, body, 431, "request_header_fields_too_large")
     assert_serves_with_key(srv, engine.model_name)
 
 
