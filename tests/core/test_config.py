@@ -38,6 +38,14 @@ def test_yaml_file_and_overrides(tmp_path: Path) -> None:
         ({}, ["server.port=true"], "server.port"),
         ({}, ["justakey"], "justakey"),
         ({"cache": 3}, [], "cache"),
+        ({}, ["server.header_timeout_s=0"], "server.header_timeout_s"),
+        ({}, ["server.body_timeout_s=-1"], "server.body_timeout_s"),
+        ({}, ["server.keepalive_timeout_s=0"], "server.keepalive_timeout_s"),
+        ({}, ["server.keepalive_timeout_s=null"], "server.keepalive_timeout_s"),
+        ({}, ["server.max_connections=0"], "server.max_connections"),
+        ({}, ["server.max_connections=1.5"], "server.max_connections"),
+        ({}, ["server.over_capacity=503"], "server.over_capacity"),
+        ({}, ["server.over_capacity=drop"], "server.over_capacity"),
     ],
 )
 def test_errors_name_the_key(data: dict, overrides: list[str], key: str) -> None:
