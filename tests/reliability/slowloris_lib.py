@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rel_helpers import send
+import orjson
+from rel_helpers import RawResponse, connect, request_bytes
 
 ATTACKER = Path(__file__).resolve().with_name("slowloris_attacker.py")
 PROMPT = "What is the meaning of life?"  # the seed issue's request
@@ -83,7 +84,7 @@ class RealResult:
     error: str | None = None
 
 
-async def _real_one(port: int, model: str, max_tokens: int) -> RealResult:
+def _seed_request(model: str, max_tokens: int) -> bytes:
     body = {
         "model": model,
         "messages": [{"role": "user", "content": PROMPT}],
@@ -93,15 +94,19 @@ async def _real_one(port: int, model: str, max_tokens: int) -> RealResult:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    t0 = time.perf_counter()
-    try:
-        raw = await send(port, "/v1/chat/completions", body)  # a new connection, the harder case
-    except OSError as exc:
-        return RealResult(False, error=f"connect: {type(exc).__name__}")
+    return request_bytes("POST", "/v1/chat/completions", orjson.dumps(body))
+
+
+async def _stream(raw: RawResponse, data: bytes, max_tokens: int, t0: float | None = None) -> RealResult:
+    """One seed request on `raw`'s connection, read to its end; TTFT counts from `t0` (default: now)."""
+    t0 = time.perf_counter() if t0 is None else t0
     res = RealResult(False)
+    raw.status, raw.headers = 0, {}
     try:
+        raw.writer.write(data)
         await asyncio.wait_for(raw.read_head(), 60)
         if raw.status != 200:
+            await raw.body()
             return RealResult(False, error=f"HTTP {raw.status}")
         done = False
         async for now, event in raw.events():
@@ -116,16 +121,35 @@ async def _real_one(port: int, model: str, max_tokens: int) -> RealResult:
             res.error = f"incomplete: {res.tokens} tokens, done={done}"
     except (OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
         res.error = type(exc).__name__
-    finally:
-        raw.close()
     return res
 
 
-async def real_clients(port: int, model: str, clients: int, rounds: int, max_tokens: int) -> list[RealResult]:
-    """`clients` concurrent streaming clients, `rounds` requests each, one after the other."""
+async def real_clients(
+    port: int, model: str, clients: int, rounds: int, max_tokens: int, keepalive: bool = False
+) -> list[RealResult]:
+    """`clients` concurrent streaming clients, `rounds` seed requests each, one after the other:
+    each on a new connection (the harder case under attack), or all on one kept-alive connection."""
+    data = _seed_request(model, max_tokens)
+
+    async def one_new() -> RealResult:
+        t0 = time.perf_counter()
+        try:
+            raw = await connect(port)
+        except OSError as exc:
+            return RealResult(False, error=f"connect: {type(exc).__name__}")
+        try:
+            return await _stream(raw, data, max_tokens, t0)  # TTFT includes the connect
+        finally:
+            raw.close()
 
     async def client() -> list[RealResult]:
-        return [await _real_one(port, model, max_tokens) for _ in range(rounds)]
+        if not keepalive:
+            return [await one_new() for _ in range(rounds)]
+        raw = await connect(port)
+        try:
+            return [await _stream(raw, data, max_tokens) for _ in range(rounds)]
+        finally:
+            raw.close()
 
     per_client = await asyncio.gather(*(client() for _ in range(clients)))
     return [r for rs in per_client for r in rs]
@@ -159,3 +183,49 @@ def wait_fds(pid: int, at_most: int, timeout: float) -> int:
         time.sleep(0.2)
         n = fds(pid)
     return n
+
+
+@dataclass
+class Probe:
+    outcome: str  # "200", "503", "reset", "closed", "timeout", ...
+    seconds: float  # connect to the outcome
+
+
+async def probe(port: int, every: float, stop: asyncio.Event) -> list[Probe]:
+    """A new connection asking GET /health every `every` s until `stop`: what a newcomer meets."""
+    out: list[Probe] = []
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        outcome = "?"
+        raw: RawResponse | None = None
+        try:
+            raw = await asyncio.wait_for(connect(port), 10)
+            raw.writer.write(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            await asyncio.wait_for(raw.read_head(), 10)
+            outcome = str(raw.status)
+        except ConnectionResetError:
+            outcome = "reset"
+        except asyncio.IncompleteReadError:
+            outcome = "closed"
+        except TimeoutError:
+            outcome = "timeout"
+        except OSError as exc:
+            outcome = type(exc).__name__
+        finally:
+            if raw is not None:
+                raw.close()
+        out.append(Probe(outcome, time.perf_counter() - t0))
+        await asyncio.sleep(every)
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
