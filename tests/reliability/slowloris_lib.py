@@ -124,12 +124,26 @@ async def _stream(raw: RawResponse, data: bytes, max_tokens: int, t0: float | No
     return res
 
 
+async def _rounds_on(raw: RawResponse, data: bytes, rounds: int, max_tokens: int) -> list[RealResult]:
+    return [await _stream(raw, data, max_tokens) for _ in range(rounds)]
+
+
 async def real_clients(
-    port: int, model: str, clients: int, rounds: int, max_tokens: int, keepalive: bool = False
+    port: int,
+    model: str,
+    clients: int,
+    rounds: int,
+    max_tokens: int,
+    keepalive: bool = False,
+    conns: list[RawResponse] | None = None,
 ) -> list[RealResult]:
     """`clients` concurrent streaming clients, `rounds` seed requests each, one after the other:
-    each on a new connection (the harder case under attack), or all on one kept-alive connection."""
+    each on a new connection (the harder case under attack), or all on one kept-alive connection
+    (`conns`: connections opened beforehand, one per client, left open)."""
     data = _seed_request(model, max_tokens)
+    if conns is not None:
+        per = await asyncio.gather(*(_rounds_on(c, data, rounds, max_tokens) for c in conns))
+        return [r for rs in per for r in rs]
 
     async def one_new() -> RealResult:
         t0 = time.perf_counter()

@@ -27,7 +27,6 @@ import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "reliability"))
@@ -35,6 +34,7 @@ sys.path.insert(0, str(HERE.parent / "http"))
 
 import orjson  # noqa: E402
 from proc_helpers import ServeProcess  # noqa: E402
+from rel_helpers import RawResponse, connect  # noqa: E402
 from slowloris_lib import (  # noqa: E402
     Attack,
     Probe,
@@ -69,17 +69,33 @@ def _args() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def _run(port: int, model: str, a: argparse.Namespace, stop_probe: asyncio.Event | None = None) -> Any:
+def _run(port: int, model: str, a: argparse.Namespace) -> list[RealResult]:
+    return asyncio.run(real_clients(port, model, a.clients, a.rounds, a.max_tokens, a.keepalive_clients))
+
+
+async def _open(port: int, n: int) -> list[RawResponse]:
+    return [await connect(port) for _ in range(n)]
+
+
+def _run_in(
+    loop: asyncio.AbstractEventLoop,
+    port: int,
+    model: str,
+    a: argparse.Namespace,
+    conns: list[RawResponse] | None,
+) -> tuple[list[RealResult], list[Probe]]:
+    """A run with the prober beside it, on `loop` (where `conns`, if any, were opened)."""
+
     async def go() -> tuple[list[RealResult], list[Probe]]:
-        real = real_clients(port, model, a.clients, a.rounds, a.max_tokens, a.keepalive_clients)
-        if stop_probe is None:
-            return await real, []
-        probing = asyncio.ensure_future(probe(port, a.probe_every, stop_probe))
-        results = await real
-        stop_probe.set()
+        stop = asyncio.Event()
+        probing = asyncio.ensure_future(probe(port, a.probe_every, stop))
+        results = await real_clients(
+            port, model, a.clients, a.rounds, a.max_tokens, a.keepalive_clients, conns
+        )
+        stop.set()
         return results, await probing
 
-    return asyncio.run(go())
+    return loop.run_until_complete(go())
 
 
 def _ttfts(rs: list[RealResult]) -> list[float]:
@@ -112,17 +128,26 @@ def main() -> int:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30) as r:
             model = orjson.loads(r.read())["data"][0]["id"]
         _run(port, model, a)  # warm-up
-        quiet1, _ = _run(port, model, a)
+        quiet1 = _run(port, model, a)
         base_fds, base_rss = wait_fds(pid, 0, 1.0), rss_mib(pid)
+        # Over the cap, kept-alive clients connect before the attack fills it (they would be
+        # rejected after), and keep their connections through it.
+        loop = asyncio.new_event_loop()
+        held = loop.run_until_complete(_open(port, a.clients)) if over_cap and a.keepalive_clients else None
         attack = Attack(port, a.slow, a.idle, a.every)
         t_attack = time.monotonic()
         try:
             if over_cap:
-                attack.wait_until(lambda s: s["slow_open"] + s["idle_open"] >= a.max_connections, 120, "cap")
+                s = attack.wait_until(
+                    lambda s: s["slow_open"] + s["idle_open"] >= a.max_connections, 120, "cap"
+                )
             else:
-                attack.held(0.95)
+                s = attack.held(0.95)
             ramp = time.monotonic() - t_attack
-            peak_fds, peak_rss, during = fds(pid), rss_mib(pid), metrics(port)
+            # (over the cap a scrape would be one more rejected connection: the attacker's count)
+            held_now = s["slow_open"] + s["idle_open"]
+            open_now = held_now if over_cap else metrics(port)["rillet_open_connections"]
+            peak_fds, peak_rss = fds(pid), rss_mib(pid)
             cpu0 = cpu_seconds(pid)
             t0 = time.monotonic()
             # Real clients run until the deadlines have closed every connection the attack held
@@ -131,10 +156,12 @@ def main() -> int:
             probes: list[Probe] = []
             limit = t0 + 2 * max(a.header_timeout, a.keepalive_timeout) + 60
             while True:
-                rs, ps = _run(port, model, a, asyncio.Event())
+                rs, ps = _run_in(loop, port, model, a, held)
                 attacked, probes = attacked + rs, probes + ps
                 s = attack.stats()
-                if over_cap or (s["slow_closed_408"] >= a.slow and s["idle_closed"] >= a.idle):
+                if over_cap and time.monotonic() - t0 >= a.header_timeout + 2 * a.every:
+                    break  # a whole wave of deadline closes and the race for the freed places
+                if not over_cap and s["slow_closed_408"] >= a.slow and s["idle_closed"] >= a.idle:
                     break
                 if time.monotonic() > limit:
                     violations.append(f"the deadlines did not close every held connection: {s}")
@@ -142,10 +169,13 @@ def main() -> int:
             attack_cpu = (cpu_seconds(pid) - cpu0) / (time.monotonic() - t0)
         finally:
             final = attack.stop()
+            for c in held or []:
+                c.close()
+            loop.close()
         attack_s = time.monotonic() - t_attack
-        after = metrics(port)
         settled = wait_fds(pid, base_fds, 60)
-        quiet2, _ = _run(port, model, a)
+        after = metrics(port)
+        quiet2 = _run(port, model, a)
     finally:
         srv.proc.terminate()
         srv.wait(60)
@@ -178,7 +208,7 @@ def main() -> int:
         f"max_connections {a.max_connections} ({a.over_capacity})"
     )
     print(
-        f"attack held {during['rillet_open_connections']:.0f} connections after a {ramp:.1f} s ramp; "
+        f"attack held {held_now} connections (server: {open_now:.0f} open) after a {ramp:.1f} s ramp; "
         f"lasted {attack_s:.0f} s; attacker saw {final}"
     )
     print(
