@@ -5,8 +5,9 @@ The cap keeps client sockets from using up the process's file descriptors: past 
 accept() fails with EMFILE and asyncio stops accepting for a second at a time, for everyone, real
 clients included. So the effective cap is `server.max_connections` bounded by what the descriptor
 limit leaves once the descriptors already open (model files, pipes, threads) and a reserve are
-counted. Past the cap, a new connection either gets a 503 (up to `_reply_budget` of them at a
-time, each closed within `REJECT_LIFETIME_S`) or is reset at once (`server.over_capacity`).
+counted. Past the cap, a new connection either gets a 503 at once (up to `_reply_budget` of them
+open at a time, each closed when its client closes it or `REJECT_LIFETIME_S` later at most), or is
+reset at once (`server.over_capacity`; past the 503 budget too).
 
 The per-connection deadlines themselves live in connection.py; this counts and logs what they close.
 """
@@ -31,9 +32,9 @@ _MAX_PEERS_TRACKED = 10_000
 # Descriptors kept for everything that is not a client socket: the executor's threads, files the
 # engine opens later, the metrics scrape, log files.
 _FD_RESERVE = 128
-# An over-capacity connection that is answered 503 is closed after this long at most, answered or
-# not: it must not become a slow connection of its own.
-REJECT_LIFETIME_S = 2.0
+# A connection answered 503 (over the cap) is closed this long after the answer at most: time for
+# the client to send its request and read the answer, not to become a slow connection of its own.
+REJECT_LIFETIME_S = 1.0
 
 DEADLINES = ("header", "body", "keepalive")
 

@@ -12,8 +12,9 @@ each connection is, at any time, in one phase with at most one timer:
     IDLE  between requests: closed after `server.keepalive_timeout_s` without a byte
 
 A missed deadline closes the connection (after a 408 when the client had started a request) and is
-counted and logged by `ConnLimits`. Over the cap, a connection gets a 503 as its only answer
-(closed within `REJECT_LIFETIME_S` whatever it sends) or is reset before aiohttp sees it.
+counted and logged by `ConnLimits`. Over the cap, aiohttp never sees the connection: it gets a 503
+at once and a half-close, and is closed when the client closes it (or `REJECT_LIFETIME_S` later at
+most), or it is reset.
 
 aiohttp internals relied on (tests/reliability/test_slow_clients.py and test_wire_errors.py pin
 them): `RequestHandler.handle_error` answers parser errors; `_parser.feed_data` raises a parser
@@ -45,7 +46,17 @@ _CLOSE_GRACE_S = 1.0
 
 
 class ApiRequestHandler(RequestHandler):
-    __slots__ = ("_admission", "_body", "_got_bytes", "_limits", "_max_header", "_peer", "_phase", "_timer")
+    __slots__ = (
+        "_admission",
+        "_body",
+        "_got_bytes",
+        "_limits",
+        "_max_header",
+        "_peer",
+        "_phase",
+        "_refused",
+        "_timer",
+    )
 
     def __init__(self, manager: Any, *, limits: ConnLimits, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -57,6 +68,7 @@ class ApiRequestHandler(RequestHandler):
         self._body: StreamReader | None = None  # the running request's body while it is read
         self._peer = "?"
         self._max_header = int(kwargs.get("max_field_size", 0))
+        self._refused: Any = None  # the transport of a connection answered 503 (over the cap)
         self._parser = _BodyErrorRelay(self._parser, self)  # type: ignore[assignment]
 
     # ---- asyncio.Protocol --------------------------------------------------------------------
@@ -67,29 +79,36 @@ class ApiRequestHandler(RequestHandler):
         if self._admission is Admission.RESET:
             _reset(transport)  # aiohttp never sees this connection
             return
-        super().connection_made(transport)
         if self._admission is Admission.REPLY_503:
-            self._arm(self._limits.reject_lifetime_s, self._close_rejected)
-        else:
-            self._arm(self._limits.header_timeout_s, self._header_missed)
+            self._refuse(transport)  # nor this one
+            return
+        super().connection_made(transport)
+        self._arm(self._limits.header_timeout_s, self._header_missed)
 
     def data_received(self, data: bytes) -> None:
+        if self._admission is Admission.REPLY_503:
+            return  # the request of a refused connection: read (so its close is no reset) and dropped
         if self._phase == _IDLE:  # a new request begins: its headers get their deadline from now
             self._phase = _HEAD
-            if self._admission is Admission.ADMIT:
-                self._arm(self._limits.header_timeout_s, self._header_missed)
+            self._arm(self._limits.header_timeout_s, self._header_missed)
         if self._phase == _HEAD:
             self._got_bytes = True
         super().data_received(data)
+
+    def eof_received(self) -> None:
+        if self._admission is Admission.REPLY_503 and self._refused is not None:
+            self._refused.close()  # the client read its 503 and left
+        super().eof_received()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._admission is Admission.RESET:
             return
         self._cancel_timer()
         self._phase = _CLOSED
-        self._limits.release(self._admission)
-        self._admission = Admission.RESET  # released once
-        super().connection_lost(exc)
+        admission, self._admission = self._admission, Admission.RESET  # released once
+        self._limits.release(admission)
+        if admission is Admission.ADMIT:
+            super().connection_lost(exc)
 
     def handle_error(
         self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None
@@ -104,8 +123,6 @@ class ApiRequestHandler(RequestHandler):
         self._phase = _BUSY
         self._got_bytes = False
         self._body = request.content
-        if self._admission is Admission.REPLY_503:
-            raise too_many_connections(self._limits.cap)
 
     def request_finished(self) -> None:
         self._body = None
@@ -157,9 +174,20 @@ class ApiRequestHandler(RequestHandler):
         self._limits.timed_out("keepalive", self._peer)
         self._shut(None)
 
-    def _close_rejected(self) -> None:
+    def _refuse(self, transport: Any) -> None:
+        """Over the cap: the 503 at once, before any request (HTTP lets a server answer early),
+        then a half-close. The client sends its request and reads the answer; the connection
+        closes when the client does, or after `reject_lifetime_s` whatever it does."""
+        self._refused = transport
+        transport.write(raw_response(too_many_connections(self._limits.cap)))
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._arm(self._limits.reject_lifetime_s, self._drop_refused)
+
+    def _drop_refused(self) -> None:
         self._timer = None
-        self._shut(None)
+        if self._refused is not None:
+            self._refused.abort()
 
     def _shut(self, last_words: bytes | None) -> None:
         transport = self.transport

@@ -203,15 +203,17 @@ def test_over_the_cap_a_new_connection_gets_503() -> None:
         assert status == 503 and headers["retry-after"] == "1", body
         assert headers["content-type"] == "application/json"
         assert is_openai_error(body) and body["error"]["code"] == "too_many_connections", body
-        # Silent over-cap connections are closed within their short lifetime; past the 503 budget
-        # (8 at a time with this cap) the next one is reset at once.
+        # The 503 comes at once, before any request; past the 503 budget (8 open at a time with
+        # this cap) the next connection is reset at once. Silent ones are closed 1 s later.
+        wait_for(lambda: limits.replying == 0, 10, "the answered connection closed")  # the client closed it
         silent = [_connect(srv) for _ in range(8)]
         wait_for(lambda: limits.replying == 8, 10, "8 over-cap connections")
         _assert_reset(srv)
         for s in silent:
-            assert _read_until_closed(s) == b""
-            s.close()
+            assert _response(_read_until_closed(s))[0] == 503
         wait_for(lambda: limits.replying == 0, 10, "over-cap connections closed")
+        for s in silent:
+            s.close()
         held.pop().close()  # room again: the next connection is served
         wait_for(lambda: limits.open == 2, 10, "a held connection released")
         assert request(srv, "GET", "/health").status_code == 200
