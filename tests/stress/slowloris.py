@@ -148,7 +148,7 @@ def main() -> int:
             held_now = s["slow_open"] + s["idle_open"]
             open_now = held_now if over_cap else metrics(port)["rillet_open_connections"]
             peak_fds, peak_rss = fds(pid), rss_mib(pid)
-            cpu0 = cpu_seconds(pid)
+            cpu0, attacker_cpu0 = cpu_seconds(pid), cpu_seconds(attack.proc.pid)
             t0 = time.monotonic()
             # Real clients run until the deadlines have closed every connection the attack held
             # (each replaced at once): their requests meet the reconnect waves too, not only the hold.
@@ -166,7 +166,9 @@ def main() -> int:
                 if time.monotonic() > limit:
                     violations.append(f"the deadlines did not close every held connection: {s}")
                     break
-            attack_cpu = (cpu_seconds(pid) - cpu0) / (time.monotonic() - t0)
+            span = time.monotonic() - t0
+            attack_cpu = (cpu_seconds(pid) - cpu0) / span
+            attacker_cpu = (cpu_seconds(attack.proc.pid) - attacker_cpu0) / span
         finally:
             final = attack.stop()
             for c in held or []:
@@ -214,7 +216,8 @@ def main() -> int:
     print(
         f"server: descriptors {base_fds} -> {peak_fds} -> {settled}; "
         f"RSS {base_rss:.0f} -> {peak_rss:.0f} MiB ({per_conn_kib:.1f} KiB per connection); "
-        f"CPU {attack_cpu * 100:.0f} % of a core during the attacked run"
+        f"CPU {attack_cpu * 100:.0f} % of a core during the attacked run "
+        f"(the attacker's process: {attacker_cpu * 100:.0f} %, on the same cores)"
     )
     print(
         f"server counters: header timeouts {header_closed:.0f}, keep-alive closes {idle_closed:.0f}, "
