@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -101,7 +102,7 @@ class HttpServer:
         """Listens on host:port (0 = any free port); returns the port."""
         srv = self.state.cfg.server
         access_log = logging.getLogger("aiohttp.access") if log.isEnabledFor(logging.DEBUG) else None
-        handler_kwargs = {
+        handler_kwargs: dict[str, Any] = {
             "access_log": access_log,
             "max_line_size": srv.max_header_bytes,
             "max_field_size": srv.max_header_bytes,
