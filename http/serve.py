@@ -110,6 +110,15 @@ async def serve(cfg: RilletConfig) -> int:
         return EXIT_CONFIG
     raise_fd_limit()  # before ServerState: the connection cap is sized to the limit
     state = ServerState(cfg)
+    srv = cfg.server
+    log.info(
+        "connections: at most %d open (%s past it); deadlines: headers %gs, body %gs, idle %gs",
+        state.connections.cap,
+        "503" if srv.over_capacity == "reply_503" else "reset",
+        srv.header_timeout_s,
+        srv.body_timeout_s,
+        srv.keepalive_timeout_s,
+    )
     server = HttpServer(state)
     port = await server.start(cfg.server.host, cfg.server.port)
     log.info("listening on http://%s:%d (503 until the model is loaded)", cfg.server.host, port)

@@ -1,7 +1,9 @@
 """The aiohttp application: routes, the one middleware (auth, errors, request metrics), the runner.
 
 `HttpServer` opens the socket with a `ServerState` that may not have an engine yet (503 until
-`state.attach(engine)`); `rillet serve` (serve.py) and the tests both drive it.
+`state.attach(engine)`); `rillet serve` (serve.py) and the tests both drive it. Each accepted
+connection is a connection.py `ApiRequestHandler` (read deadlines, the connection cap, parser
+errors in the API's shape), made by listener.py's site.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
     conn = connection_of(request)
     try:
         if conn is not None:
-            conn.request_started(request)  # headers are in: their deadline ends (503 if over the cap)
+            conn.request_started(request)  # the headers are in: their deadline ends
         _check_header_size(request, state.cfg.server.max_header_bytes)
         state.keys.check(endpoint, request.headers.get("Authorization"))
         resp = await handler(request)
