@@ -220,6 +220,50 @@ class StructuredConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    # Tensor parallelism (core/distributed/): the model's weights and KV cache split over this
+    # many ranks (processes); rank 0 is the server process, the rest are worker processes.
+    tensor_parallel_size: int = 1
+    backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto = nccl on CUDA, gloo on CPU
+    # Where rank 0 listens for the other ranks (a torch.distributed TCPStore).
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0  # 0 = a free port (one host only; several hosts need a fixed one)
+    nnodes: int = 1  # hosts; each runs tensor_parallel_size / nnodes ranks
+    node_rank: int = 0  # this host's index: 0 runs `rillet serve`, the others `rillet worker`
+    # A collective that has not completed after this long fails: its rank is taken as hung.
+    timeout_s: float = 120.0
+    # A rank whose heartbeat stops for this long is taken as dead (and killed, when local).
+    liveness_timeout_s: float = 10.0
+    # Time for every rank to start, join and load its shard (other hosts' ranks included).
+    init_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        n = self.tensor_parallel_size
+        _check(n >= 1, "parallel.tensor_parallel_size", "must be >= 1")
+        _check(0 <= self.master_port <= 65535, "parallel.master_port", "must be in 0..65535")
+        _check(self.nnodes >= 1, "parallel.nnodes", "must be >= 1")
+        _check(
+            n % self.nnodes == 0,
+            "parallel.nnodes",
+            f"must divide parallel.tensor_parallel_size ({n}): every host runs the same number of ranks",
+        )
+        _check(0 <= self.node_rank < self.nnodes, "parallel.node_rank", f"must be in 0..{self.nnodes - 1}")
+        _check(
+            self.nnodes == 1 or self.master_port != 0,
+            "parallel.master_port",
+            "must be set (not 0) when parallel.nnodes > 1: the other hosts connect to it",
+        )
+        _check(bool(self.master_addr), "parallel.master_addr", "must not be empty")
+        _check(self.timeout_s > 0, "parallel.timeout_s", "must be > 0")
+        _check(self.liveness_timeout_s > 0, "parallel.liveness_timeout_s", "must be > 0")
+        _check(self.init_timeout_s > 0, "parallel.init_timeout_s", "must be > 0")
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tensor_parallel_size // self.nnodes
+
+
+@dataclass(frozen=True)
 class LoggingConfig:
     level: LogLevel = "INFO"
 
@@ -235,6 +279,7 @@ class RilletConfig:
     stream: StreamConfig = field(default_factory=StreamConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     structured: StructuredConfig = field(default_factory=StructuredConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 

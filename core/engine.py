@@ -95,6 +95,7 @@ class Engine:
         self._taken = 0
         self.error: str | None = None
         self._dead = False
+        self._fatal: str | None = None  # set by fail(): the engine thread dies with it
         self._busy = 0.0
         # The model is built on the engine thread, which then runs it until shutdown: torch's CPU
         # thread pool is tied to the thread that first used it, and a model built on a thread
@@ -126,6 +127,8 @@ class Engine:
         self.grammars, self._no_grammar = attach_structured(
             self.cfg.structured, rt.tokenizer, rt.runner, vocab
         )
+        if rt.cluster is not None:
+            rt.cluster.watch(self.fail)
         self.handoff_s = resolve_handoff(self.cfg, rt.device.type)
         state = "off" if self.handoff_s is None else f"on (<= {self.handoff_s * 1000:g} ms)"
         log.info("stream handoff: %s", state)
@@ -139,8 +142,12 @@ class Engine:
         finally:
             self._loaded.set()
         self._go.wait()
-        if not self._stop:
-            self._run()
+        try:
+            if not self._stop:
+                self._run()
+        finally:
+            if self.runtime.cluster is not None:  # the other ranks stop with this thread
+                self.runtime.cluster.close(graceful=not self._dead)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -154,6 +161,12 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+
+    def fail(self, reason: str) -> None:
+        """From any thread: the engine cannot go on (e.g. a tensor-parallel rank died). The engine
+        thread dies with `reason` before its next step, failing every open request."""
+        self._fatal = reason
+        self._wake.set()
 
     @property
     def healthy(self) -> bool:
@@ -258,6 +271,8 @@ class Engine:
             while not self._stop:
                 if die_at is not None and self.core.steps >= die_at:
                     raise RuntimeError(f"test-only engine death ({_TEST_DIE_ENV}={die_at})")
+                if self._fatal is not None:
+                    raise RuntimeError(self._fatal)
                 aborted = self._drain_inbox()
                 if not self.core.has_work() and not aborted:
                     publish()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer
-from .model_runner import InflightStep, Runner
+from .model_runner import FatalRunnerError, InflightStep, Runner
 from .outputs import SeqDelta, StepOutput
 from .overlap import needs_host_tokens
 from .request import FinishReason, SeqStatus, Sequence, TokenLogprob
@@ -131,6 +131,8 @@ class EngineCore:
     def _launch(self, batch: ScheduledBatch, deltas: list[SeqDelta]) -> InflightStep | None:
         try:
             launched = self.runner.launch(batch)
+        except FatalRunnerError:
+            raise
         except Exception as exc:  # a failed forward fails this batch, not the engine
             self._fail(batch.seqs, exc, deltas)
             return None
@@ -153,6 +155,8 @@ class EngineCore:
         t0 = time.perf_counter()
         try:
             result = launched.wait()
+        except FatalRunnerError:
+            raise
         except Exception as exc:
             self._fail(launched.seqs, exc, deltas)
             return deltas

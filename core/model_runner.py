@@ -8,6 +8,7 @@ launch there returns once the step is done. The token layout of a step is in ste
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,6 +24,11 @@ from .sampler import Sampler, SampleResult
 from .scheduler import ScheduledBatch
 from .step_inputs import InputBuilder, StepInputs
 from .structured.masks import MaskFiller
+
+
+class FatalRunnerError(RuntimeError):
+    """The runner can run no further step (e.g. a tensor-parallel rank is gone): the engine stops,
+    instead of failing this batch alone and going on."""
 
 
 class InflightStep(Protocol):
@@ -102,6 +108,8 @@ class ModelRunner:
         self.graph_runner = graph_runner
         self.inputs = InputBuilder(block_size, device)
         self.masks: MaskFiller | None = None  # set when structured outputs are available
+        # Tensor parallelism: sends each step's inputs to the other ranks before the forward.
+        self.publish_inputs: Callable[[StepInputs], None] | None = None
 
     def step(self, batch: ScheduledBatch) -> tuple[list[Sequence], SampleResult]:
         """One step, synchronously."""
@@ -114,6 +122,8 @@ class ModelRunner:
         self.inputs.resolve_future(inp)
         # the grammar masks of this step's constrained rows fill while the model runs
         mask = self.masks.begin(inp.sample_seqs) if self.masks is not None else None
+        if self.publish_inputs is not None:
+            self.publish_inputs(inp)
         hidden = self._hidden(inp)
         if not inp.sample_seqs:  # prefill chunks that sample nothing yet
             return _Launched([], HostSample(torch.empty(0, dtype=torch.int64), None, 0, None))

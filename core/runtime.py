@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from rillet.graphs.buckets import resolve_buckets
@@ -33,6 +34,9 @@ from .scheduler import Scheduler
 from .synthetic_runner import SyntheticRunner
 from .tokenizer import Tokenizer
 
+if TYPE_CHECKING:
+    from .distributed.cluster import TPCluster
+
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str, float], None]
@@ -50,6 +54,7 @@ class Runtime:
     dtype: torch.dtype
     arch: ModelArch | None
     quantization: Quantization = "none"  # resolved (never auto): int4 = the weights run as Int4Weight
+    cluster: TPCluster | None = None  # tensor parallelism: the other ranks (rank 0's view)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -109,13 +114,29 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
     if kind == "synthetic":
         return _synthetic_runtime(cfg, tokenizer, name, device, dtype, report)
     report("weights", 0.1)
-    arch, model = _load_model(cfg, kind, path, header, device, dtype, quant.quantization, report)
-    max_len = min(cfg.model.max_model_len or arch.max_position, arch.max_position)
-    blocks = BlockManager(
-        _num_blocks(cfg, arch, dtype, device), cfg.cache.block_size, cfg.cache.prefix_caching
-    )
-    report("kv cache", 0.9)
-    runner = _model_runner(cfg, model, arch, blocks.num_blocks, tokenizer, device, dtype)
+    cluster = None
+    if cfg.parallel.tensor_parallel_size > 1:
+        from .distributed.cluster import TPCluster
+
+        cluster = TPCluster.start(cfg, kind, path, header, device, quant.quantization)
+    try:
+        if cluster is None:
+            arch, model = _load_model(cfg, kind, path, header, device, dtype, quant.quantization, report)
+        else:  # this rank's shard; the workers load theirs meanwhile
+            arch, model = cluster.arch, cluster.load_model(kind, path, header, dtype, quant.quantization)
+        num_blocks = _num_blocks(cfg, model.arch, dtype, device)
+        if cluster is not None:
+            num_blocks = cluster.agree_blocks(model, num_blocks)
+        blocks = BlockManager(num_blocks, cfg.cache.block_size, cfg.cache.prefix_caching)
+        report("kv cache", 0.9)
+        max_len = min(cfg.model.max_model_len or arch.max_position, arch.max_position)
+        eos = tuple(sorted(set(tokenizer.eos_token_ids) | set(arch.eos_token_ids)))
+        model_runner = _model_runner(cfg, model, blocks.num_blocks, eos, device, dtype)
+        runner: Runner = model_runner if cluster is None else cluster.wrap(model_runner)
+    except BaseException:
+        if cluster is not None:
+            cluster.close(graceful=False)
+        raise
     report("ready", 1.0)
     log.info(
         "model %s (%s, %s%s on %s): %d layers, context %d, KV pool %d blocks x %d tokens",
@@ -140,6 +161,7 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         dtype,
         arch,
         quant.quantization,
+        cluster,
     )
 
 
@@ -155,14 +177,14 @@ def _served_name(kind: str, path: Path | None, cfg: RilletConfig) -> str:
 def _model_runner(
     cfg: RilletConfig,
     model: DecoderModel,
-    arch: ModelArch,
     num_blocks: int,
-    tok: Tokenizer,
+    eos: tuple[int, ...],
     device: torch.device,
     dtype: torch.dtype,
 ) -> ModelRunner:
+    """The KV pool and runner of `model` (this rank's shard under tensor parallelism)."""
+    arch = model.arch
     kv = allocate_kv_cache(arch, num_blocks, cfg.cache.block_size, dtype, device)
-    eos = tuple(sorted(set(tok.eos_token_ids) | set(arch.eos_token_ids)))
     sampler = Sampler(arch.vocab_size, eos, device)
     graphs = None
     if _use_graphs(cfg, model, device):

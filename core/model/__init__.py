@@ -10,7 +10,7 @@ the final norm; `compute_logits` applies the LM head to the rows the caller sele
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = _param((h,), dtype)
         self.gate_up_weight = _param((2 * inter, h), dtype)
         self.down_weight = _param((h, inter), dtype)
+        # Tensor parallelism (core/distributed/): o_proj and down_proj are row-parallel shards, so
+        # their outputs are partial sums that this all-reduce completes (in the residual's dtype:
+        # int4 shards return bf16); None on one rank.
+        self.all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def forward(
         self,
@@ -64,10 +68,12 @@ class DecoderLayer(nn.Module):
         qk = apply_rope(qkv[:, : (nq + nkv) * d].view(t, nq + nkv, d), cos, sin)
         v = qkv[:, (nq + nkv) * d :].view(t, nkv, d)
         o = self.backend.forward(qk[:, :nq], qk[:, nq:], v, kv_cache[0], kv_cache[1], meta, self.scale)
-        x = x + lin(o.reshape(t, nq * d), self.o_weight)
+        attn = lin(o.reshape(t, nq * d), self.o_weight)  # [T, H]
+        x = x + (attn if self.all_reduce is None else self.all_reduce(attn.to(x.dtype)))
         h = F.rms_norm(x, self.post_attention_layernorm.shape, self.post_attention_layernorm, self.eps)
         gate, up = lin(h, self.gate_up_weight).chunk(2, dim=-1)  # [T, I] each
-        return x + lin(F.silu(gate.to(x.dtype)) * up, self.down_weight)
+        mlp = lin(F.silu(gate.to(x.dtype)) * up, self.down_weight)  # [T, H]
+        return x + (mlp if self.all_reduce is None else self.all_reduce(mlp.to(x.dtype)))
 
 
 class DecoderModel(nn.Module):
