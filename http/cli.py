@@ -1,4 +1,5 @@
-"""The `rillet` command: `rillet serve ...` and `rillet config --print ...`.
+"""The `rillet` command: `rillet serve ...`, `rillet worker ...` (another host's tensor-parallel
+ranks) and `rillet config --print ...`.
 
 Every flag is a shorthand for a `--set section.key=value` override, applied after `--set`, so
 there is one validation path (core/config.py) and one kind of error: a bad key or value exits
@@ -42,7 +43,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rillet", description="OpenAI-compatible LLM inference server")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,config}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,worker,config}")
     serve = sub.add_parser("serve", help="start the server")
     _add_config_args(serve)
     serve.add_argument("--model", metavar="PATH", help="model file or folder (= --set model.path=PATH)")
@@ -57,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--dtype", help="float32 | bfloat16 | float16 | auto (= --set model.dtype=D)")
     serve.add_argument("--log-level", help="DEBUG | INFO | WARNING | ERROR (= --set logging.level=L)")
+    worker = sub.add_parser(
+        "worker",
+        help="run another host's tensor-parallel ranks (parallel.node_rank >= 1) for a `rillet serve`",
+    )
+    _add_config_args(worker)
+    worker.add_argument("--log-level", help="DEBUG | INFO | WARNING | ERROR (= --set logging.level=L)")
     config = sub.add_parser("config", help="show the effective configuration")
     _add_config_args(config)
     config.add_argument("--print", action="store_true", help="print the effective config as YAML (default)")
@@ -100,6 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(config_yaml(cfg))
         return 0
     _setup_logging(cfg.logging.level)
+    if args.command == "worker":
+        return _worker(cfg)
     from .serve import serve  # `rillet config` stays light
 
     try:
@@ -107,6 +116,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # e.g. the port is taken
         logging.getLogger("rillet.serve").error("cannot serve: %s", exc)
         return 1
+
+
+def _worker(cfg: RilletConfig) -> int:
+    from rillet.core.distributed.node import run_node  # imports torch: only for this command
+
+    try:
+        return run_node(cfg)
+    except ConfigError as exc:
+        sys.stderr.write(f"rillet: error: {exc}\n")
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":
