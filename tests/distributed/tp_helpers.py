@@ -71,7 +71,7 @@ class Rillet:
         )
         self.pid = self.proc.pid
         self.lines: list[str] = []
-        self.port = 0
+        self.host, self.port = "127.0.0.1", 0
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
