@@ -14,7 +14,8 @@ from typing import Any
 
 import orjson
 import pytest
-from http_helpers import post, request, wait_for
+from http_helpers import SYNTH_OVERRIDES, post, request, wait_for
+from rillet.core.config import load_config
 from rillet.core.distributed.worker import TEST_LOAD_FAIL_ENV
 from tp_helpers import TINY_TP, TP_TEST_SETS, Rillet, assert_all_gone, descendants
 
@@ -126,3 +127,22 @@ def test_rank0_killed_takes_its_workers(start: Start) -> None:
     srv.proc.kill()  # SIGKILL: no cleanup code runs in rank 0
     srv.wait(30)
     assert_all_gone(procs)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_engine_fail_from_another_thread_stops_an_idle_engine() -> None:
+    """What the monitor calls when a rank dies between steps: the engine thread dies at once,
+    and requests are refused as dead."""
+    from rillet.core.engine import Engine, EngineDeadError
+    from rillet.core.sampling_params import SamplingParams
+
+    engine = Engine(load_config(None, SYNTH_OVERRIDES))
+    engine.start()
+    try:
+        engine.fail("tensor-parallel rank 1 (pid 1) was killed by SIGKILL")
+        wait_for(lambda: not engine.healthy, 10, "the engine thread died")
+        assert engine.error is not None and "rank 1 (pid 1) was killed by SIGKILL" in engine.error
+        with pytest.raises(EngineDeadError):
+            engine.add_request("r", [1, 2, 3], SamplingParams(max_tokens=2))
+    finally:
+        engine.shutdown()
