@@ -26,7 +26,7 @@ import torch
 import torch.multiprocessing as mp
 from torch._C._distributed_c10d import TCPStore
 
-from ..config import RilletConfig, config_to_dict
+from ..config import ConfigError, RilletConfig, config_to_dict
 from ..loaders.gguf_file import GGUFFile
 from ..model import DecoderModel
 from ..model.arch import ModelArch
@@ -54,6 +54,17 @@ def spawn_worker(cfg: RilletConfig, rank: int, local_rank: int, addr: str, port:
     )
     proc.start()
     return proc
+
+
+def check_devices(cfg: RilletConfig, device: torch.device) -> None:
+    p = cfg.parallel
+    if p.backend == "nccl" and device.type != "cuda":
+        raise ConfigError("parallel.backend", f"nccl needs CUDA devices; the model runs on {device.type}")
+    if device.type == "cuda" and torch.cuda.device_count() < p.ranks_per_node:
+        raise ConfigError(
+            "parallel.tensor_parallel_size",
+            f"{p.ranks_per_node} ranks on this host need as many GPUs; it has {torch.cuda.device_count()}",
+        )
 
 
 class TPCluster:
@@ -88,6 +99,7 @@ class TPCluster:
     ) -> TPCluster:
         arch = read_arch(cfg, kind, path, header)
         check_shardable(arch, cfg.parallel.tensor_parallel_size, quantization == "int4")
+        check_devices(cfg, device)
         self = cls(cfg, arch, device)
         set_threads(cfg, device)
         for local in range(1, cfg.parallel.ranks_per_node):

@@ -141,3 +141,16 @@ def test_unsplittable_model_fails_before_any_process_starts(tiny_hf_model: Any) 
     with pytest.raises(ConfigError, match=r"8 query heads and 4 KV heads") as err:
         LLM(cfg)
     assert err.value.key == KEY
+
+
+def test_nccl_on_cpu_is_a_config_error(tiny_hf_model: Any) -> None:
+    folder, _ = tiny_hf_model("llama", **TINY_TP)
+    cfg = config_from_dict(
+        {
+            "model": {"path": str(folder), "kind": "hf", "device": "cpu"},
+            "parallel": {"tensor_parallel_size": 2, "backend": "nccl"},
+        }
+    )
+    with pytest.raises(ConfigError, match="nccl needs CUDA") as err:
+        LLM(cfg)
+    assert err.value.key == "parallel.backend"
