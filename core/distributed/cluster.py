@@ -228,8 +228,10 @@ class TPCluster:
     # ---- shutdown ------------------------------------------------------------------------------
     def close(self, graceful: bool) -> None:
         """Stops every rank. graceful: rank 0 is between steps and every rank is alive, so they
-        are told to stop (and exit 0); else the workers of this host are killed and other hosts'
-        ranks notice that rank 0's store is gone."""
+        are told to stop (and exit 0); else the workers of this host are killed, and other hosts'
+        ranks see their collective fail as rank 0 leaves the group (or rank 0's store go away
+        when the process ends). Before the group exists (a failed load), ranks still waiting for
+        the plan are told to abort."""
         self._stop.set()
         if self.group is not None:
             if graceful and self.failure is None:
@@ -241,7 +243,7 @@ class TPCluster:
                 self._kill_workers()
             self.group.close()
             self.group = None
-        elif not graceful or self.procs:
+        else:
             with contextlib.suppress(Exception):
                 self.store.set("plan", "abort")
         deadline = time.monotonic() + _JOIN_S
