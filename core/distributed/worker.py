@@ -86,8 +86,9 @@ def worker_main(cfg: RilletConfig, rank: int, local_rank: int, addr: str, port: 
     store.set(status_key(rank), f"ok {capacity}")
     store.set_timeout(timedelta(seconds=p.init_timeout_s))
     plan = store.get("plan").decode()
-    if plan == "abort":
-        return
+    if plan == "abort":  # another rank (or rank 0 itself) failed to load
+        log.error("rank 0 abandoned the start")
+        sys.exit(EXIT_FAILED)
     try:
         _serve(cfg, store, rank, device, dtype, model, int(plan))
     except BaseException as exc:
