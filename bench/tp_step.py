@@ -1,12 +1,13 @@
 """Tensor parallelism on this CPU box: step time at TP=1 vs TP>1, and the communication per step.
 
 For each (model, TP, batch): one engine in a fresh process (so peak RSS is its own), a warm-up
-generate, then a timed generate; every runner step is timed on rank 0 and the decode steps (one
-new token per sequence) give the median decode step time. On rank 0 the all-reduces are counted
-(calls and bytes per step) and the step broadcast's bytes too. Worker RSS: the peak of the
-largest worker (RUSAGE_CHILDREN after they exit). Also: gloo all-reduce latency by message size
-between two processes. float32, quantization none; model.num_threads = 2 / ranks (the ranks share
-this box's 2 cores): this shows the OVERHEAD of tensor parallelism, not a speed-up.
+generate, then a timed generate; every runner step (launch + wait) is timed on rank 0 and the
+decode steps (one new token per sequence) give the median decode step time. On rank 0 the
+all-reduces are counted (calls and bytes per step) and the step broadcast's bytes too. Worker
+RSS: the peak of the largest worker (RUSAGE_CHILDREN after they exit). Also: gloo all-reduce
+latency by message size between two processes. float32, quantization none; model.num_threads =
+2 / ranks (the ranks share this box's 2 cores): this shows the OVERHEAD of tensor parallelism,
+not a speed-up.
 
     .venv/bin/python bench/tp_step.py [--tokens 24] [--batch 1 8] [--model smollm2-135m llama-1b-shape]
 """
@@ -80,12 +81,20 @@ def run_one(model_sets: list[str], tp: int, batch: int, tokens: int) -> dict[str
 
             inner.publish_inputs = counted_send
         core = llm.engine.core
-        runner_step = core.runner.step
+        runner_launch = core.runner.launch
+
+        class Landed:  # the launched step, already waited for (inside the timed span)
+            def __init__(self, seqs: Any, result: Any) -> None:
+                self.seqs, self.result = seqs, result
+
+            def wait(self) -> Any:
+                return self.result
 
         def timed(batch_: Any) -> Any:
             before = dict(counts)
             t0 = time.perf_counter()
-            out = runner_step(batch_)
+            launched = runner_launch(batch_)
+            out = Landed(launched.seqs, launched.wait())
             dt = time.perf_counter() - t0
             decode = all(n == 1 for n in batch_.num_new)
             steps.append(
@@ -99,7 +108,7 @@ def run_one(model_sets: list[str], tp: int, batch: int, tokens: int) -> dict[str
             )
             return out
 
-        core.runner.step = timed  # type: ignore[method-assign]
+        core.runner.launch = timed  # type: ignore[method-assign]
         prompts = [f"{i}. {PROMPT}" for i in range(batch)]
         params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
         llm.generate(prompts, params)  # warm-up

@@ -20,7 +20,7 @@ from rillet.core.loaders.gguf import arch_from_gguf, iter_gguf_weights
 from rillet.core.loaders.gguf_file import read_gguf
 from rillet.core.loaders.hf import find_hf_folder, iter_safetensors, load_hf_folder
 from rillet.core.model.shapes import SHAPES
-from rillet.core.model_runner import StepInputs
+from rillet.core.step_inputs import StepInputs
 from tp_helpers import TINY_TP
 
 KEY = "parallel.tensor_parallel_size"
@@ -101,7 +101,8 @@ def test_step_inputs_round_trip() -> None:
         block_size=8,
         num_prefills=1,
     )
-    inp = StepInputs(torch.tensor([5, 6, 7, 8]), torch.tensor([0, 1, 2, 17]), meta, torch.tensor([2, 3]), [])
+    rows = torch.tensor([2, 3])
+    inp = StepInputs(torch.tensor([5, 6, 7, 8]), torch.tensor([0, 1, 2, 17]), meta, rows, [], rows)
     head = step_io.header(step_io.STEP, inp)
     payload = step_io.pack(inp)
     assert payload.shape[0] == step_io.payload_size(head)
