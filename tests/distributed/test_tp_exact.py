@@ -49,14 +49,18 @@ def tokens(outs: list[list[RequestOutput]]) -> list[list[list[int]]]:
 
 
 @pytest.mark.parametrize(
-    ("model_type", "overrides"),
+    ("model_type", "overrides", "overlap"),
     [
-        ("llama", {}),
-        ("mistral", {"sliding_window": None}),
-        ("qwen2", {"tie_word_embeddings": True}),
+        ("llama", {}, "auto"),
+        # overlapped steps: a decode's input token is the previous launch's, read on the device
+        ("llama", {}, "on"),
+        ("mistral", {"sliding_window": None}, "auto"),
+        ("qwen2", {"tie_word_embeddings": True}, "auto"),
     ],
 )
-def test_tiny_models_tp2_match_tp1(tiny_hf_model: Any, model_type: str, overrides: dict[str, Any]) -> None:
+def test_tiny_models_tp2_match_tp1(
+    tiny_hf_model: Any, model_type: str, overrides: dict[str, Any], overlap: str
+) -> None:
     folder, _ = tiny_hf_model(model_type, **TINY_TP, **overrides)
     batches = list(tiny_prompts())
 
@@ -67,6 +71,7 @@ def test_tiny_models_tp2_match_tp1(tiny_hf_model: Any, model_type: str, override
                 "cache": {"num_blocks": 10, "block_size": 8},
                 "scheduler": {"max_num_batched_tokens": 16, "max_num_seqs": 4},
                 "parallel": {"tensor_parallel_size": tp},
+                "engine": {"overlap": overlap},
             }
         )
 
