@@ -21,6 +21,7 @@ def attach_structured(
     if not grammar_engine_available():
         log.info("structured outputs off: llguidance is not installed")
         return None, INSTALL_HINT
+    runner = getattr(runner, "inner", runner)  # tensor parallelism wraps rank 0's ModelRunner
     if not isinstance(runner, ModelRunner) or vocab_size is None:
         return None, "structured outputs need a real model (not the synthetic one)"
     eos = tokenizer.eos_token_ids

@@ -1,5 +1,5 @@
 """`rillet serve` at TP=3 on the default SmolLM2 answers the openai client exactly as one rank does
-(greedy, float32, requests batched together), and SIGTERM stops every rank."""
+(greedy, float32, requests batched together, JSON-constrained too), and SIGTERM stops every rank."""
 
 from __future__ import annotations
 
@@ -82,6 +82,25 @@ def test_openai_answers_equal_one_rank(tp_server: Rillet, reference: openai.Open
         stream=True,
     )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == want[0]
+
+
+def test_structured_output_equals_one_rank(tp_server: Rillet, reference: openai.OpenAI) -> None:
+    """Grammar masks apply on rank 0's sampler; the other ranks only run the forward."""
+    tp = openai.OpenAI(base_url=tp_server.base_url, api_key="x", max_retries=0)
+
+    def ask(client: openai.OpenAI) -> str:
+        r = client.chat.completions.create(
+            model=client.models.list().data[0].id,
+            messages=[{"role": "user", "content": "Give a colour as JSON."}],
+            response_format={"type": "json_object"},
+            max_tokens=12,
+            temperature=0,
+        )
+        return r.choices[0].message.content or ""
+
+    want = ask(reference)
+    assert want.startswith("{")
+    assert ask(tp) == want
 
 
 def test_sigterm_stops_every_rank(tp_server: Rillet) -> None:
