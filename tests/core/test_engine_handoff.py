@@ -68,44 +68,52 @@ def _record(engine: Engine, events: list[str]) -> None:
     ring.release = recording_release  # type: ignore[method-assign]
 
 
-def _consume(engine: Engine, stop: threading.Event, handle_s: float) -> None:
-    """A releasing consumer that takes `handle_s` to handle each batch it pops."""
+def _consume(engine: Engine, stop: threading.Event, handled: threading.Event) -> None:
+    """A releasing consumer: it handles (releases) each batch it pops once `handled` is set."""
     ring = engine.ring
     while not stop.is_set():
         if ring.pop_all():
-            time.sleep(handle_s)
+            handled.wait()
             ring.release()
         time.sleep(0.001)
 
 
 @pytest.mark.parametrize("handoff", ["on", "off"])
 def test_with_handoff_each_run_waits_for_the_release_of_the_previous_step(handoff: str) -> None:
-    engine = _engine(handoff)
+    # On: the consumer handles every batch (after a pause), and each run must come after the
+    # release of the step before it. Off: the consumer handles nothing until the engine is idle,
+    # so the engine must run all its steps without one release (it never waits for the loop).
+    engine = _engine(handoff, timeout_ms=60_000.0)  # a timeout on a slow machine is no pass
     events: list[str] = []
     _record(engine, events)
-    stop = threading.Event()
+    stop, handled = threading.Event(), threading.Event()
+    if handoff == "on":
+        handled.set()
     engine.ring.set_notifier(lambda: None, releases=True)
-    consumer = threading.Thread(target=_consume, args=(engine, stop, 0.03))
+    consumer = threading.Thread(target=_consume, args=(engine, stop, handled))
     consumer.start()
     try:
         engine.start()
         params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
         engine.add_request("r", engine.tokenizer.encode("hello"), params)
-        assert engine.wait_idle(10)
-        time.sleep(0.1)
+        assert engine.wait_idle(60)
+        handled.set()
+        stop.set()
+        consumer.join(30)
     finally:
         stop.set()
-        consumer.join()
+        handled.set()
         engine.shutdown()
     runs = [i for i, e in enumerate(events) if e == "run"]
     assert len(runs) == 4 and events.count("push") == 4
+    assert engine.stats().handoff_timeouts == 0
     # Before every run but the first: the previous step was pushed, and (handoff on) released.
     for i in runs[1:]:
         before = [e for e in events[:i] if e != "run"]
         if handoff == "on":
             assert before[-2:] == ["push", "release"], events
         else:
-            assert before[-1] == "push", events  # off: the run starts while the loop handles it
+            assert before[-1] == "push" and "release" not in before, events
 
 
 def test_a_consumer_that_never_releases_costs_at_most_the_timeout_per_step() -> None:
@@ -114,10 +122,8 @@ def test_a_consumer_that_never_releases_costs_at_most_the_timeout_per_step() -> 
     try:
         engine.start()
         params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-        t0 = time.monotonic()
         engine.add_request("r", engine.tokenizer.encode("hello"), params)
-        assert engine.wait_idle(10)
-        assert time.monotonic() - t0 < 2.0  # 5 waits of 20 ms, not a hang
+        assert engine.wait_idle(60)  # each wait ends at its 20 ms timeout: no hang (counted below)
         assert sum(len(d.token_ids) for out in engine.ring.pop_all() for d in out.deltas) == 6
         assert engine.stats().handoff_timeouts == 5  # before each run but the first
     finally:

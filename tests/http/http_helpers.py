@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import time
 from collections.abc import Callable, Iterator
@@ -43,6 +44,16 @@ def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condi
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
+
+
+async def until(cond: Callable[[], bool], what: str = "condition", timeout: float = 30.0) -> None:
+    """On the event loop: yields to the loop's other tasks until `cond()` holds (the timeout only
+    bounds a hang). A test waits for the state it needs, never for a guessed number of ms."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.001)
 
 
 def sse_events(body: bytes) -> list[Any]:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from fake_engine import FakeTokenizer
 from http_helpers import sse_events
 from rillet.core.config import StreamConfig
 from rillet.core.outputs import SeqDelta
 from rillet.core.request import FinishReason
+from rillet.http import sse
 from rillet.http.chunks import ChunkFormat, Usage
 from rillet.http.coalesce import coalesce
 from rillet.http.logprobs import TokenTexts
@@ -20,6 +23,14 @@ from rillet.http.stream_state import RequestStream
 def delta(text: str, index: int = 0, finish: FinishReason | None = None, ntok: int | None = None) -> SeqDelta:
     ids = list(range(ntok if ntok is not None else len(text)))
     return SeqDelta("r", index, ids, text, None, finish, 3, 0, 0)
+
+
+async def settle() -> None:
+    """Lets the pump run until it waits again (on the stream, the socket or its gathering wait).
+    These scenarios have no I/O: each wake-up is a handful of ready callbacks, so a fixed number
+    of loop turns (not a number of ms) is enough whatever the machine's speed or load."""
+    for _ in range(20):
+        await asyncio.sleep(0)
 
 
 def _push(stream: RequestStream, d: SeqDelta) -> None:
@@ -92,18 +103,18 @@ def test_tokens_piling_up_behind_a_busy_socket_merge_into_one_write() -> None:
         cfg = StreamConfig(max_tokens_per_event=4)
         fmt = _fmt()
         task = asyncio.create_task(pump_sse(stream, fmt, Usage([3], 1), write, cfg, fmt.role()))
-        await asyncio.sleep(0.01)
+        await settle()
         _push(stream, delta("a"))  # the first token goes out at once
-        await asyncio.sleep(0.01)
+        await settle()
         socket_free.clear()  # the client stops reading
         _push(stream, delta("b"))
-        await asyncio.sleep(0.01)  # the writer is stuck writing "b"
+        await settle()  # the writer is stuck writing "b"
         for ch in "cdefghij":
             _push(stream, delta(ch))
-        await asyncio.sleep(0.01)
+        await settle()
         assert len(writes) == 3  # role, "a", "b": nothing more while the socket is busy
         socket_free.set()
-        await asyncio.sleep(0.01)
+        await settle()
         _push(stream, delta("k", finish=FinishReason.LENGTH))
         await asyncio.wait_for(task, 5)
         return writes
@@ -116,32 +127,49 @@ def test_tokens_piling_up_behind_a_busy_socket_merge_into_one_write() -> None:
     assert sse_events(writes[-1])[-1] == "[DONE]"
 
 
-def test_max_delay_gathers_later_tokens_but_never_the_first() -> None:
-    async def scenario() -> list[tuple[float, bytes]]:
-        loop = asyncio.get_running_loop()
+def test_max_delay_gathers_later_tokens_but_never_the_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The pump's gathering wait is its only `asyncio.sleep`: it is replaced by one that records the
+    # delay asked for and ends when the test says, so "within the window" is a fact of the test,
+    # not a race between 20 ms of the test's sleep and 80 ms of the pump's on a busy machine.
+    gathering: list[float] = []
+    window_over = asyncio.Event()
+
+    async def gathering_wait(delay: float) -> None:
+        gathering.append(delay)
+        await window_over.wait()
+        window_over.clear()
+
+    monkeypatch.setattr(sse, "asyncio", SimpleNamespace(sleep=gathering_wait))
+
+    async def scenario() -> list[bytes]:
         stream = RequestStream("r", 1)
-        writes: list[tuple[float, bytes]] = []
+        writes: list[bytes] = []
 
         async def write(data: bytes) -> None:
-            writes.append((loop.time(), data))
+            writes.append(data)
 
         cfg = StreamConfig(max_tokens_per_event=16, max_delay_ms=80)
         task = asyncio.create_task(pump_sse(stream, _fmt(), Usage([3], 1), write, cfg, b""))
-        await asyncio.sleep(0)
-        t0 = loop.time()
+        await settle()
         _push(stream, delta("a"))
-        await asyncio.sleep(0.01)
-        assert len(writes) == 1 and writes[0][0] - t0 < 0.05  # first token: no delay
+        await settle()
+        assert len(writes) == 1 and gathering == []  # first token: written with no gathering wait
         _push(stream, delta("b"))
-        await asyncio.sleep(0.02)
-        _push(stream, delta("c"))  # within the gathering window of "b"
-        await asyncio.sleep(0.15)
-        _push(stream, delta("d", finish=FinishReason.STOP))
+        await settle()
+        assert len(writes) == 1 and gathering == [0.08]  # "b" waits out the 80 ms window...
+        _push(stream, delta("c"))  # ...and "c", arriving within it, joins it
+        await settle()
+        assert len(writes) == 1
+        window_over.set()
+        await settle()
+        assert len(writes) == 2
+        _push(stream, delta("d", finish=FinishReason.STOP))  # the end is never held back
         await asyncio.wait_for(task, 5)
+        assert gathering == [0.08]
         return writes
 
     writes = asyncio.run(scenario())
-    assert _contents([w for _, w in writes])[:2] == [["a"], ["bc"]]
+    assert _contents(writes)[:3] == [["a"], ["bc"], ["d"]]
 
 
 def test_usage_chunk_and_logprobs_events() -> None:
@@ -212,20 +240,20 @@ def test_direct_path_writes_without_waking_the_pump_and_the_end_goes_through_it(
         direct = FakeDirect()
         fmt = ChunkFormat(True, "chatcmpl-x", 0, "m", 1, True, TokenTexts(FakeTokenizer()))
         task, pumped = _start_pump(stream, fmt, Usage([3], 1), StreamConfig(), fmt.role(), direct)
-        await asyncio.sleep(0.01)
+        await settle()
         waiter = stream._waiter  # the pump is parked on this future
         for ch in "abc":
             _push(stream, delta(ch))  # one routing pass each: one direct write each
         stream.push(delta("d"))
         stream.push(delta("e"))
         stream.deliver()  # two tokens in one pass: one write, first-token rule already spent
-        await asyncio.sleep(0.01)
+        await settle()
         assert stream.pending == [] and len(pumped) == 1  # only the role chunk went through the pump
         assert waiter is not None and stream._waiter is waiter and not waiter.done()
         direct.free = False  # the client stops reading: the pump takes over and coalesces
         _push(stream, delta("f"))
         _push(stream, delta("g"))
-        await asyncio.sleep(0.01)
+        await settle()
         direct.free = True
         _push(stream, delta("h", finish=FinishReason.LENGTH))  # the end: always the pump
         await asyncio.wait_for(task, 5)
@@ -246,7 +274,7 @@ def test_direct_path_is_off_with_a_gathering_delay_and_for_failures() -> None:
         stream = RequestStream("r", 2)
         direct = FakeDirect()
         task, pumped = _start_pump(stream, _fmt(2), Usage([3], 2), StreamConfig(), b"", direct)
-        await asyncio.sleep(0.01)
+        await settle()
         _push(stream, delta("a", 0))
         _push(stream, delta("x", 1, FinishReason.STOP))  # one choice ends: still direct (n=2)
         _push(stream, delta("b", 0, FinishReason.ABORT))  # ABORT ends the request: the pump
@@ -262,7 +290,7 @@ def test_direct_path_is_off_with_a_gathering_delay_and_for_failures() -> None:
         stream = RequestStream("r", 1)
         cfg = StreamConfig(max_delay_ms=5)
         task, _ = _start_pump(stream, _fmt(), Usage([3], 1), cfg, b"", FakeDirect())
-        await asyncio.sleep(0.01)
+        await settle()
         installed = stream.flusher is not None
         _push(stream, delta("a", 0, FinishReason.STOP))
         await asyncio.wait_for(task, 5)

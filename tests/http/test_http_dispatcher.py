@@ -7,10 +7,17 @@ import threading
 import time
 
 import pytest
+from http_helpers import until, wait_for
 from rillet.core.outputs import SeqDelta, StepOutput
 from rillet.core.ring import SpscRing
 from rillet.http.dispatcher import Dispatcher
 from rillet.http.stream_state import RequestStream
+
+
+def parked(ring: SpscRing[StepOutput]) -> bool:
+    """The dispatcher has raised the ring's waiting flag: it is parked (the test runs on the same
+    loop, so it cannot be between raising the flag and awaiting its event)."""
+    return ring._waiting
 
 
 def step(i: int, rid: str = "r", ntok: int = 1, index: int = 0) -> StepOutput:
@@ -40,10 +47,10 @@ def test_full_ring_makes_the_producer_wait_never_overwrite() -> None:
 
     t = threading.Thread(target=producer)
     t.start()
-    time.sleep(0.05)
-    assert not pushed.is_set() and ring.full_waits == 1
+    wait_for(lambda: ring.full_waits == 1, 30, "the producer to find the ring full")
+    assert not pushed.is_set()  # it found the ring full and waits: it cannot push until a pop
     assert ring.pop_all() == [0, 1, 2, 3]
-    t.join(2)
+    t.join(30)
     assert pushed.is_set() and ring.pop_all() == [4]
     with pytest.raises(TimeoutError):
         for i in range(5):
@@ -60,18 +67,20 @@ def test_a_busy_loop_gets_one_wakeup_for_many_steps() -> None:
         disp.register("r", stream)
         disp.attach(asyncio.get_running_loop())
         task = asyncio.create_task(disp.run())
-        await asyncio.sleep(0.01)  # parked, flag raised
+        await until(lambda: parked(ring), "dispatcher parked")
         # 1) the loop is busy (blocked) while the engine pushes 20 steps
         producer = threading.Thread(target=lambda: [ring.push(step(i)) for i in range(20)])
         producer.start()
         producer.join()
         busy_wakeups = ring.wakeups  # at most the one for the first push after parking
-        await asyncio.sleep(0.01)
+        await until(lambda: disp.steps_routed == 20 and parked(ring), "the 20 steps routed")
         routed_busy = len(stream.take())
-        # 2) the loop idles between steps: one wake-up each
+        # 2) the loop idles between steps (the dispatcher is parked again before each push): one
+        # wake-up each
         for i in range(5):
             ring.push(step(100 + i))
-            await asyncio.sleep(0.005)
+            routed = 21 + i
+            await until(lambda: disp.steps_routed == routed and parked(ring), "the step routed")  # noqa: B023
         task.cancel()
         disp.detach()
         return busy_wakeups, routed_busy, ring.wakeups - busy_wakeups
@@ -89,6 +98,7 @@ def test_engine_thread_steps_never_wake_the_loop_more_than_once_each() -> None:
         disp.register("r", stream)
         disp.attach(asyncio.get_running_loop())
         task = asyncio.create_task(disp.run())
+        await until(lambda: parked(ring), "dispatcher parked")  # the first push must wake it
         steps = 300
 
         def engine() -> None:
@@ -103,7 +113,7 @@ def test_engine_thread_steps_never_wake_the_loop_more_than_once_each() -> None:
         while got < steps:
             await stream.wait()
             got += len(stream.take())
-        t.join()
+        t.join(30)
         task.cancel()
         return steps, ring.wakeups, disp.wakeups
 

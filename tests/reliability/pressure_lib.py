@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
-from collections.abc import Callable
 from typing import Any
 
 import orjson
+from engine_hooks import count_calls, hold_first_step  # tests/: on the path via rel_helpers
 from rel_helpers import COMP, fetch, send, stream_text
+
+__all__ = ["count_calls", "hold_first_step", "make_requests", "run_all"]
 
 
 def make_requests(num: int, seed: int, max_tokens: int, vocab: int = 5000) -> list[dict[str, Any]]:
@@ -52,33 +53,3 @@ async def run_all(port: int, model: str, requests: list[dict[str, Any]], timeout
     """All at once; the texts in request order."""
     bodies = [{**r, "model": model} for r in requests]
     return await asyncio.wait_for(asyncio.gather(*(_one(port, b) for b in bodies)), timeout)
-
-
-def count_calls(obj: Any, name: str) -> Callable[[], int]:
-    """Wraps method `name` of `obj` (an instance attribute shadows the class one); returns a reader."""
-    calls = [0]
-    inner = getattr(obj, name)
-
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        calls[0] += 1
-        return inner(*args, **kwargs)
-
-    setattr(obj, name, wrapped)
-    return lambda: calls[0]
-
-
-def hold_first_step(engine: Any, requests: int, timeout: float = 60.0) -> None:
-    """The engine's first model step waits until `requests` requests have been added, so the next
-    step admits them together, whatever the speed of this machine and of the clients."""
-    inner = engine.core.runner.step
-    held = [False]
-
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        if not held[0]:
-            held[0] = True
-            deadline = time.monotonic() + timeout
-            while engine._added < requests and time.monotonic() < deadline:
-                time.sleep(0.005)
-        return inner(*args, **kwargs)
-
-    engine.core.runner.step = wrapped

@@ -20,6 +20,7 @@ import orjson
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "http"))  # http_helpers, fake_engine
+sys.path.insert(0, str(HERE.parent))  # engine_hooks
 
 from http_helpers import post, request, serving, wait_for  # noqa: E402
 from rillet.core.config import load_config  # noqa: E402

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reliability"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # engine_hooks
 
 from pressure_lib import count_calls, make_requests, run_all
 from rel_helpers import assert_all_released, assert_serves, served
