@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -174,11 +173,12 @@ def test_sigterm_drains_in_flight_requests_then_exits_0() -> None:
     srv = _Served("model.synthetic_step_ms=10")
     try:
         started, out = threading.Event(), []
-        t = threading.Thread(target=srv.stream, args=({**LONG, "max_tokens": 80}, started, out))
+        # 200 steps of >= 10 ms: the stream outlives the signal's handling and the refused request
+        t = threading.Thread(target=srv.stream, args=({**LONG, "max_tokens": 200}, started, out))
         t.start()
         assert started.wait(30)
         srv.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.1)
+        srv.wait_for_line("in-flight requests", 30)  # logged once the server is draining
         refused = srv.post({"model": "synthetic", "prompt": "late", "max_tokens": 2})
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
         t.join(30)
@@ -203,11 +203,11 @@ def test_second_signal_exits_at_once() -> None:
             target=srv.stream, args=({**LONG, "max_tokens": 400}, started, out), daemon=True
         ).start()
         assert started.wait(30)
-        srv.proc.send_signal(signal.SIGINT)  # drain: the stream has ~20 s to go
-        time.sleep(0.2)
-        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGINT)  # drain: the stream has >= 20 s to go
+        srv.wait_for_line("draining (again to exit at once)", 30)
         os.kill(srv.proc.pid, signal.SIGINT)
-        assert srv.proc.wait(10) == 1 and time.monotonic() - t0 < 5
+        # A drain would end 0 after the stream's 20 s; exit code 1 is the immediate exit.
+        assert srv.proc.wait(15) == 1
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()

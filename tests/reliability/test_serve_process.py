@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,8 @@ async def _stream(port: int, body: dict[str, Any], started: asyncio.Queue[int]) 
 def test_sigterm_drains_16_in_flight_streams_then_exits_0() -> None:
     srv = ServeProcess("model.synthetic_step_ms=10", "server.drain_timeout_s=30")
     try:
-        body = {"model": "synthetic", "max_tokens": 100, "ignore_eos": True}
+        # 200 steps of >= 10 ms: the streams outlive the signal's handling and the refused request
+        body = {"model": "synthetic", "max_tokens": 200, "ignore_eos": True}
 
         async def run() -> tuple[list[list[Any]], int]:
             started: asyncio.Queue[int] = asyncio.Queue()
@@ -44,20 +44,18 @@ def test_sigterm_drains_16_in_flight_streams_then_exits_0() -> None:
             for _ in range(STREAMS):
                 await asyncio.wait_for(started.get(), 30)  # every stream is generating
             srv.proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.2)
+            await asyncio.to_thread(srv.wait_for_line, "waiting up to", 30)  # the server is draining
             refused, _ = await fetch(srv.port, COMP, {**body, "prompt": "too late", "max_tokens": 2})
             return await asyncio.wait_for(asyncio.gather(*tasks), 60), refused
 
-        t0 = time.monotonic()
         streams, refused = asyncio.run(run())
         assert refused == 503  # draining: no new work
         for events in streams:
             assert events[-1] == "[DONE]" and all("error" not in e for e in events[:-1])
-            assert events[-2]["usage"]["completion_tokens"] == 100  # ran to its end
+            assert events[-2]["usage"]["completion_tokens"] == 200  # ran to its end
             assert events[-3]["choices"][0]["finish_reason"] == "length"
             assert len(stream_text(events)[0]) > 0
-        assert srv.wait(30) == 0
-        assert time.monotonic() - t0 < 30
+        assert srv.wait(30) == 0  # drained within drain_timeout_s: no stream was cut (above)
         assert "waiting up to" in srv.log and "stopped" in srv.log
     finally:
         srv.kill()
@@ -81,9 +79,7 @@ def test_engine_death_exits_non_zero_after_telling_the_clients() -> None:
         streams = asyncio.run(run())
         for events in streams:
             assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "dead", events[-2:]
-        t0 = time.monotonic()
-        assert srv.wait(20) == 1  # exits by itself, non-zero
-        assert time.monotonic() - t0 < 10
+        assert srv.wait(20) == 1  # exits by itself, non-zero (the bound only catches a hang)
         assert "engine thread died" in srv.log and "exiting" in srv.log
     finally:
         srv.kill()
