@@ -103,6 +103,8 @@ class FakeEngine:
         self.error: str | None = None
         self.crash_next_step = False  # tests: kill the engine thread
         self.reply: bytes | None = None  # tests: every sequence answers this, one byte a token, then EOS
+        self.steps_allowed = threading.Event()  # tests: clear it to hold the engine before its next step
+        self.steps_allowed.set()
         self.fail_request_ids: set[str] = set()  # tests: these requests end with FinishReason.ERROR
         self._dead = False
         self._stop = False
@@ -126,6 +128,7 @@ class FakeEngine:
 
     def shutdown(self) -> None:
         self._stop = True
+        self.steps_allowed.set()
         self.ring.close()
         self._wake.set()
         if self._thread is not None:
@@ -196,6 +199,7 @@ class FakeEngine:
                     raise RuntimeError("injected engine crash")
                 self._admit()
                 if self._running:
+                    self.steps_allowed.wait()
                     self.steps += 1
                     time.sleep(self.step_s)
                     deltas += self._step()

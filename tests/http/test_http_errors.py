@@ -147,11 +147,13 @@ def test_queue_full_is_429_with_retry_after(make_fake: Callable[..., FakeEngine]
         threads = [threading.Thread(target=post, args=(srv, COMP, hold)) for _ in range(2)]
         threads[0].start()
         wait_for(lambda: engine.stats().running == 1, what="first request running")
+        engine.steps_allowed.clear()  # the first cannot finish (and free the queue) meanwhile
         threads[1].start()
         wait_for(lambda: engine.stats().waiting == 1, what="second request waiting")
         resp = post(srv, COMP, {"model": "fake-model", "prompt": "y", "max_tokens": 1})
         assert_error(resp, 429, code="queue_full")
         assert resp.headers["retry-after"] == "1"
+        engine.steps_allowed.set()
         for t in threads:
             t.join(10)
         assert_serving(srv, "fake-model")
