@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
+from engine_hooks import hold_first_step, hold_steps
 from rel_helpers import (
     CHAT,
     COMP,
@@ -30,14 +31,6 @@ from rillet.http.background import BackgroundServer
 TOKENS = 100
 
 
-def _live_ids(engine: Any) -> list[str]:
-    while True:
-        try:
-            return list(engine.core.seqs)  # read from another thread: retry if it changed meanwhile
-        except RuntimeError:
-            continue
-
-
 async def _stream(port: int, path: str, body: dict[str, Any]) -> list[Any]:
     raw = await send(port, path, {**body, "stream": True})
     await raw.read_head()
@@ -54,17 +47,20 @@ def test_injected_fault_fails_only_its_request() -> None:
         comp = {"model": model, "max_tokens": TOKENS, "ignore_eos": True}
         victims: list[str] = []
 
-        def inject() -> None:
-            # 8 chat streams + 4 completions running: fail one of each kind, mid-generation.
-            wait_for(lambda: len(_live_ids(engine)) == 12, 10, "all 12 requests in the engine")
-            ids = _live_ids(engine)
-            victims.extend(
-                [
-                    next(i for i in ids if i.startswith("chatcmpl-")),
-                    next(i for i in ids if i.startswith("cmpl-")),
-                ]
-            )
-            engine.core.fail_request_ids.update(victims)
+        def inject(batch: Any) -> bool:
+            # On the engine thread, before a step: once all 8 chat streams + 4 completions are
+            # running and each has a few tokens, fail one of each kind, mid-generation. The first
+            # step is held until all 12 are in, so none can have ended before (each needs 100).
+            ids = list(engine.core.seqs)
+            if not victims and len(ids) == 12 and all(len(s.output_ids) >= 3 for s in batch.seqs):
+                victims.extend(
+                    [
+                        next(i for i in ids if i.startswith("chatcmpl-")),
+                        next(i for i in ids if i.startswith("cmpl-")),
+                    ]
+                )
+                engine.core.fail_request_ids.update(victims)
+            return True
 
         async def run() -> tuple[list[list[Any]], list[tuple[int, bytes]]]:
             streams = [
@@ -72,11 +68,13 @@ def test_injected_fault_fails_only_its_request() -> None:
                 for i in range(8)
             ]
             plain = [fetch(srv.port, COMP, {**comp, "prompt": f"p{i}"}) for i in range(4)]
-            injector = asyncio.to_thread(inject)
-            results = await asyncio.gather(asyncio.gather(*streams), asyncio.gather(*plain), injector)
+            results = await asyncio.gather(asyncio.gather(*streams), asyncio.gather(*plain))
             return results[0], results[1]
 
-        streams, plain = asyncio.run(run())
+        hold_first_step(engine, 12)
+        with hold_steps(engine, until=inject):
+            streams, plain = asyncio.run(run())
+        assert len(victims) == 2
         failed_streams = [s for s in streams if s[-2].get("error")]
         assert len(failed_streams) == 1
         bad = failed_streams[0]
