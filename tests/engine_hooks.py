@@ -3,8 +3,8 @@
 A test must not depend on how fast this machine runs the engine against its clients: instead of
 hoping that N requests arrive before the first step, or that a client disconnects before its
 request ends, it holds the engine's model step until the condition holds. The hooks wrap
-`engine.core.runner.step`, which the engine thread calls once per step after publishing the
-previous step's output (so a held step never withholds tokens already produced).
+`engine.core.runner.launch`, which the engine thread calls once per step after publishing the
+previous step's output (so a held step never withholds tokens already landed).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def hold_steps(
     A hold that times out raises in the engine thread (the step fails its batch): never a silent
     pass on a machine too slow for the test's premise."""
     runner = engine.core.runner
-    inner = runner.step
+    inner = runner.launch
     holding = threading.Event()
 
     def held(batch: Any) -> Any:
@@ -60,17 +60,17 @@ def hold_steps(
             _wait(lambda: until(batch), timeout, "the test's condition")
         return inner(batch)
 
-    runner.step = held
+    runner.launch = held
     try:
         yield holding
     finally:
-        runner.step = inner
+        runner.launch = inner
 
 
 def hold_first_step(engine: Any, requests: int, timeout: float = 60.0) -> None:
     """The engine's first model step waits until `requests` requests have been added, so the next
     step admits them together, whatever the speed of this machine and of the clients."""
-    inner = engine.core.runner.step
+    inner = engine.core.runner.launch
     held = [False]
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -79,4 +79,4 @@ def hold_first_step(engine: Any, requests: int, timeout: float = 60.0) -> None:
             _wait(lambda: engine._added >= requests, timeout, f"{requests} requests")
         return inner(*args, **kwargs)
 
-    engine.core.runner.step = wrapped
+    engine.core.runner.launch = wrapped
