@@ -4,8 +4,10 @@ simulated device timeline, and on/off giving the same streams (stop strings, n >
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
+from rillet.core import synthetic_runner
 from rillet.core.config import ConfigError, config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.overlap import resolve_overlap
@@ -40,17 +42,32 @@ def test_overlap_config_is_validated_by_key() -> None:
     assert config_from_dict({"engine": {"overlap": True}}).engine.overlap == "on"  # YAML's bare on
 
 
-def test_async_null_engine_launches_at_once_and_queues_steps_on_a_device_timeline() -> None:
+def test_async_null_engine_launches_at_once_and_queues_steps_on_a_device_timeline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # "Did not wait" is checked by the sleeps the runner asks for, not by the clock: a busy machine
+    # may take longer than a step between two lines of this test.
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        time.sleep(s)
+
+    monkeypatch.setattr(
+        synthetic_runner, "time", SimpleNamespace(perf_counter=time.perf_counter, sleep=sleep)
+    )
     runner = SyntheticRunner(step_ms=50.0, token_pool=list(range(100, 200)), asynchronous=True)
     seqs = [Sequence(i, f"r{i}", [i + 1, 2, 3], SamplingParams()) for i in range(3)]
     batch = ScheduledBatch(seqs=list(seqs), num_new=[3, 3, 3])
+    t0 = time.perf_counter()
     first = runner.launch(batch)
     for seq in seqs:
         seq.num_computed, seq.num_pending = 3, 1
     second = runner.launch(ScheduledBatch(seqs=list(seqs), num_new=[1, 1, 1]))
     # the second step starts on the device when the first ends, whatever the host did meanwhile
     assert second.ready_at == pytest.approx(first.ready_at + 0.05)  # type: ignore[attr-defined]
-    assert time.perf_counter() < first.ready_at  # type: ignore[attr-defined]  # launch did not wait
+    assert first.ready_at >= t0 + 0.05  # type: ignore[attr-defined]  # a step from its launch on
+    assert slept == []  # the launches did not wait for the device
     result = first.wait()
     assert time.perf_counter() >= first.ready_at  # type: ignore[attr-defined]
     assert len(result.token_ids) == 3 and [s.seq_id for s in first.seqs] == [0, 1, 2]
