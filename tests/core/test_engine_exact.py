@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from engine_hooks import hold_first_step
 from rillet.core.config import RilletConfig, config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.loaders.default_model import default_model_path
@@ -76,8 +77,12 @@ def test_default_model_matches_transformers(hf_reference: list[list[int]], secti
 
 
 def test_small_pool_really_preempts() -> None:
+    # 13 usable blocks of 8 tokens; the 7 prompts take 12 of them when admitted together (the
+    # first step is held until all are in, so this holds whatever the machine's speed), and each
+    # needs one more within its first 8 tokens, before any can finish: preemption is forced.
     c = cfg(cache={"num_blocks": 14, "block_size": 8})
     with LLM(c) as llm:
+        hold_first_step(llm.engine, len(PROMPTS))
         preempted = []
         orig = llm.engine.core.scheduler._preempt
 

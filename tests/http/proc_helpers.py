@@ -28,7 +28,7 @@ class ServeProcess:
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         if ready:
-            self.wait_for_line("ready: serving", 60)
+            self.wait_for_line("ready: serving", 180)  # a hang bound: a loaded box starts slowly
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
