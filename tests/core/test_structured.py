@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from engine_hooks import hold_first_step
 from rillet.core.config import config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.loaders.default_model import default_model_path
@@ -154,6 +155,9 @@ def _generate(
     }
     with LLM(config_from_dict(sections)) as llm:
         if counter is not None:
+            # all prompts admitted together (first step held until they are in): the small pool
+            # then preempts by block arithmetic, not because this machine added them fast enough
+            hold_first_step(llm.engine, len(prompts))
             original = Scheduler._preempt
 
             def counting(self: Scheduler, seq: Sequence) -> None:
