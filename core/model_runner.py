@@ -16,7 +16,7 @@ import torch
 from rillet.graphs.interface import DecodeBatch
 from rillet.graphs.runner import GraphRunner
 
-from .attention import AttentionMetadata
+from .attention import AttentionMetadata, DecodeMetadata
 from .model import DecoderModel, KVCache
 from .request import Sequence
 from .sample_output import HostSample
@@ -61,15 +61,23 @@ class _Launched:
 
 
 class DecoderGraphAdapter:
-    """The model as graphs/ sees it (graphs/interface.py): host planning, then a capturable forward."""
+    """The model as graphs/ sees it (graphs/interface.py): host planning, then a capturable forward.
+
+    A backend with `graph_safe_decode` (torch) gets a `DecodeMetadata` built inside the forward
+    from the batch's tensors: nothing to plan, no host list in the traced code, so the compiled
+    step never guards on (and never recompiles for) a batch's contents. Others (flashinfer) plan
+    an `AttentionMetadata` on the host in prepare_decode and read it in the forward."""
 
     def __init__(self, model: DecoderModel, kv_caches: list[KVCache], block_size: int) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
+        self.graph_safe = bool(getattr(model.backend, "graph_safe_decode", False))
         self.meta: AttentionMetadata | None = None
 
     def prepare_decode(self, b: DecodeBatch) -> None:
+        if self.graph_safe:
+            return
         self.meta = AttentionMetadata(
             b.slot_mapping,
             b.query_start,
@@ -83,13 +91,19 @@ class DecoderGraphAdapter:
         self.model.backend.begin_step(self.meta)
 
     def forward_decode(self, b: DecodeBatch) -> torch.Tensor:  # [n, H]
-        assert self.meta is not None
-        return self.model(b.input_ids, b.positions, self.kv_caches, self.meta)
+        if self.graph_safe:
+            meta: AttentionMetadata | DecodeMetadata = DecodeMetadata(
+                b.slot_mapping, b.seq_lens, b.block_tables
+            )
+        else:
+            assert self.meta is not None
+            meta = self.meta
+        return self.model(b.input_ids, b.positions, self.kv_caches, meta)
 
 
 class ModelRunner:
     """Eager forward for prefill steps; decode-only steps go through the GraphRunner when given
-    (CUDA-graph replay per batch-size bucket on GPU; padded or plain eager elsewhere)."""
+    and it takes them (CUDA-graph replay per bucket on GPU, the compiled step on CPU once built)."""
 
     def __init__(
         self,
@@ -134,8 +148,9 @@ class ModelRunner:
 
     def _hidden(self, inp: StepInputs) -> torch.Tensor:  # [S, H]: the rows that sample
         m = inp.meta
-        if self.graph_runner is not None and m.is_decode_only:
-            hidden = self.graph_runner.run(
+        gr = self.graph_runner
+        if gr is not None and m.is_decode_only and gr.takes(m.num_seqs):
+            hidden = gr.run(
                 DecodeBatch(
                     inp.input_ids,
                     inp.positions,
@@ -145,12 +160,15 @@ class ModelRunner:
                     m.query_start,
                     m.seq_lens_cpu,
                 )
-            )  # [B, H]: every decode row samples, in batch order
+            )  # [B, H], one row per sequence in batch order (T = B)
         else:
             self.model.backend.begin_step(m)
             hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, m)  # [T, H]
-            if not inp.sample_seqs:
-                return hidden[:0]
+        if not inp.sample_seqs:
+            return hidden[:0]
+        if len(inp.sample_seqs) < hidden.shape[0]:
+            # rows that sample only; in a decode-only step too: a 1-token prompt chunk that is
+            # not the prompt's end looks like a decode row but samples nothing
             hidden = hidden.index_select(0, inp.sample_rows)
         return hidden
 

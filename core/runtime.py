@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 import torch
 from rillet.graphs.buckets import resolve_buckets
-from rillet.graphs.runner import GraphRunner, graphs_enabled
+from rillet.graphs.compiled import set_compile_cache_dir
+from rillet.graphs.runner import GraphRunner, resolve_decode_mode
 
 from .attention import AttentionBackend
 from .attention.select import create_attention_backend, select_attention_backend
@@ -23,7 +24,8 @@ from .config import ConfigError, RilletConfig
 from .detokenizer import IncrementalDetokenizer, token_text_table
 from .loaders.default_model import default_model_path
 from .loaders.gguf_file import GGUFFile, read_gguf
-from .model import DecoderModel, allocate_kv_cache, build_model
+from .loaders.weights_cache import default_cache_dir
+from .model import DecoderModel, KVCache, allocate_kv_cache, build_model
 from .model.arch import ModelArch
 from .model.shapes import shape_arch
 from .model_runner import DecoderGraphAdapter, ModelRunner, Runner
@@ -186,29 +188,41 @@ def _model_runner(
     arch = model.arch
     kv = allocate_kv_cache(arch, num_blocks, cfg.cache.block_size, dtype, device)
     sampler = Sampler(arch.vocab_size, eos, device)
-    graphs = None
-    if _use_graphs(cfg, model, device):
-        graphs = GraphRunner(
-            DecoderGraphAdapter(model, kv, cfg.cache.block_size),
-            cfg.graphs,
-            max_num_seqs=cfg.scheduler.max_num_seqs,
-            max_blocks_per_seq=_max_blocks(cfg, arch),
-            device=device,
-        )
-        graphs.capture()
+    graphs = _graph_runner(cfg, model, arch, kv, device)
     return ModelRunner(model, kv, sampler, cfg.cache.block_size, device, graphs)
 
 
-def _use_graphs(cfg: RilletConfig, model: DecoderModel, device: torch.device) -> bool:
-    """CUDA graphs need a backend that plans on the host and replays from device buffers."""
+def _graph_runner(
+    cfg: RilletConfig, model: DecoderModel, arch: ModelArch, kv: list[KVCache], device: torch.device
+) -> GraphRunner | None:
+    """The decode step's graph path, logged with the reason: CUDA graphs captured now (CUDA), or
+    the compiled step built on a background thread while eager serves (CPU), or none."""
     try:
-        wanted = graphs_enabled(cfg.graphs.enabled, device)
+        mode, why = resolve_decode_mode(cfg.graphs, device)
     except ValueError as exc:
         raise ConfigError("graphs.enabled", str(exc).split(": ", 1)[-1]) from exc
-    capturable = bool(getattr(model.backend, "supports_cuda_graphs", False))
-    if wanted and not capturable:
-        log.info("CUDA graphs off: the %s attention backend cannot be captured", model.backend.name)
-    return wanted and capturable
+    if mode == "cuda_graphs" and not model.backend.supports_cuda_graphs:
+        mode, why = "eager", f"the {model.backend.name} attention backend cannot be captured"
+    if mode == "compiled" and not model.backend.graph_safe_decode:
+        mode, why = "eager", f"the {model.backend.name} attention backend has no graph-safe decode"
+    log.info("decode step: %s (%s)", mode.replace("_", " "), why)
+    if mode == "eager":
+        return None
+    graphs = GraphRunner(
+        DecoderGraphAdapter(model, kv, cfg.cache.block_size),
+        cfg.graphs,
+        max_num_seqs=cfg.scheduler.max_num_seqs,
+        max_blocks_per_seq=_max_blocks(cfg, arch),
+        device=device,
+    )
+    if mode == "cuda_graphs":
+        graphs.capture()
+    else:
+        base = Path(cfg.model.cache_dir).expanduser() if cfg.model.cache_dir else default_cache_dir()
+        where = set_compile_cache_dir(base / "torch-compile")
+        log.info("compile caches (Inductor FX graph, AOTAutograd): %s", where)
+        graphs.start_compile(background=True)
+    return graphs
 
 
 def _max_blocks(cfg: RilletConfig, arch: ModelArch) -> int:

@@ -1,12 +1,17 @@
-"""GraphRunner: decode steps replayed from CUDA graphs captured per batch-size bucket.
+"""GraphRunner: the decode step as a graph, per device.
 
-capture() (CUDA only) compiles the model's decode forward with torch.compile (fullgraph, the batch
-dimension dynamic: one compile serves every bucket above 1, bucket 1 gets its own) and captures it
-once per bucket, largest first, all graphs in one memory pool: a smaller graph then reuses the
-blocks the larger one freed. run() pads a b-row batch up to its bucket in the static buffers, lets
-the model plan on the host, replays, and returns the first b output rows. Batches above the
-largest bucket run eager and unpadded; so does every batch when graphs are off, unless `pad_eager`
-asks for the padded path anyway (CPU tests of the padding).
+- CUDA: the model's decode forward is compiled with torch.compile (fullgraph, the batch dimension
+  dynamic: one compile serves every bucket above 1, bucket 1 gets its own) and captured once per
+  bucket, largest first, all graphs in one memory pool: a smaller graph then reuses the blocks the
+  larger one freed. run() pads a b-row batch up to its bucket in the static buffers, lets the model
+  plan on the host, replays, and returns the first b output rows.
+- CPU: the same forward compiled by torch.compile (graphs/compiled.py), built on a background
+  thread while steps run eager; "replay" is a call of the compiled function on the static buffers.
+  A step runs at its exact row count (no padding: the dimension is dynamic, padding would only add
+  work; `pad_to_buckets` pads anyway, as CUDA does, for tests) and with the block table trimmed
+  to the step's longest context.
+Batches above the largest bucket run eager and unpadded; so does every batch when graphs are off,
+unless `pad_eager` asks for the padded path anyway (CPU tests of the padding).
 
 The tensor run() returns after a replay is the graph's own output buffer: it is overwritten by the
 next replay (of any bucket, the pool is shared), so consume it before the next run(). The KV cache
@@ -19,11 +24,12 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from .buckets import resolve_buckets, select_bucket
+from .compiled import MIN_WIDTH, CompiledDecode, compile_decode, mark_batch_dynamic
 from .interface import DecodeBatch, DecodeModel, GraphSettings
 from .static_buffers import StaticBuffers
 
@@ -31,21 +37,32 @@ logger = logging.getLogger(__name__)
 
 WARMUP_RUNS = 2  # the first call of a new shape compiles; the second runs what will be captured
 
+DecodeMode = Literal["cuda_graphs", "compiled", "eager"]
 
-def graphs_enabled(setting: str, device: torch.device) -> bool:
-    """graphs.enabled resolved for a device: "auto" = CUDA only; "on" off-CUDA is a ValueError."""
-    if setting == "off":
-        return False
-    if setting == "auto":
-        return device.type == "cuda"
-    if setting == "on":
-        if device.type != "cuda":
+
+def resolve_decode_mode(settings: GraphSettings, device: torch.device) -> tuple[DecodeMode, str]:
+    """graphs.enabled and graphs.compile_mode for a device -> (mode, why), for the start-up log.
+
+    CUDA: auto/on = CUDA graphs. CPU: auto/on = the compiled step (auto keeps it only if it
+    measures faster than eager at start-up), unless compile_mode is none (nothing to compile).
+    """
+    enabled = settings.enabled
+    if enabled not in ("auto", "on", "off"):
+        raise ValueError(f"config key 'graphs.enabled': expected 'auto', 'on' or 'off', got {enabled!r}")
+    if enabled == "off":
+        return "eager", "graphs.enabled is off"
+    if device.type == "cuda":
+        return "cuda_graphs", f"graphs.enabled {enabled} on CUDA"
+    if settings.compile_mode == "none":
+        if enabled == "on":
             raise ValueError(
-                f"config key 'graphs.enabled': 'on' needs a CUDA device, the model runs on {device.type}; "
-                "use 'auto' (graphs on CUDA only) or 'off'"
+                "config key 'graphs.enabled': 'on' on CPU means the torch.compile'd decode step, "
+                "but graphs.compile_mode is 'none'; set a compile mode or use 'auto'/'off'"
             )
-        return True
-    raise ValueError(f"config key 'graphs.enabled': expected 'auto', 'on' or 'off', got {setting!r}")
+        return "eager", "graphs.compile_mode is none (nothing to compile on CPU)"
+    if enabled == "on":
+        return "compiled", "graphs.enabled on: compiled decode step on CPU (torch.compile)"
+    return "compiled", "graphs.enabled auto on CPU: compiled decode step if it measures faster than eager"
 
 
 class GraphRunner:
@@ -58,19 +75,35 @@ class GraphRunner:
         max_blocks_per_seq: int,
         device: torch.device | str,
         pad_eager: bool = False,
+        pad_to_buckets: bool | None = None,
     ) -> None:
+        """`pad_to_buckets`: run the compiled CPU step padded to buckets as CUDA graphs are
+        (None = only on CUDA, where it is required)."""
         self.model = model
         self.device = torch.device(device)
         self.buckets = resolve_buckets(settings.buckets, max_num_seqs)
-        self.use_graphs = graphs_enabled(settings.enabled, self.device)
+        self.mode, self.mode_reason = resolve_decode_mode(settings, self.device)
+        self.use_graphs = self.mode == "cuda_graphs"
         self.compile_mode = settings.compile_mode
+        self.pad_to_buckets = self.use_graphs if pad_to_buckets is None else pad_to_buckets
+        self.compiled: CompiledDecode | None = None
+        if self.mode == "compiled":
+            self.compiled = CompiledDecode(
+                model,
+                settings.compile_mode,
+                max_blocks_per_seq=max_blocks_per_seq,
+                device=self.device,
+                check_faster=settings.enabled == "auto",
+                with_batch_1=self.buckets[0] == 1,
+            )
         self.padded = self.use_graphs or pad_eager
         self.static: StaticBuffers | None = None
-        if self.padded:
-            self.static = StaticBuffers.allocate(self.buckets[-1], max_blocks_per_seq, self.device)
+        if self.padded or self.compiled is not None:
+            rows = max(self.buckets[-1], 2 if self.compiled is not None else 1)  # batch 1 may run as 2
+            self.static = StaticBuffers.allocate(rows, max_blocks_per_seq, self.device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, torch.Tensor] = {}
-        self.num_replays = 0
+        self.num_replays = 0  # CUDA graph replays, and calls of the compiled CPU step
         self.num_padded_eager = 0
         self.num_eager = 0
 
@@ -78,13 +111,28 @@ class GraphRunner:
     def captured_buckets(self) -> tuple[int, ...]:
         return tuple(sorted(self._graphs))
 
+    def start_compile(self, background: bool = True) -> None:
+        """CPU: build the compiled step (on a thread of its own by default); steps run eager until
+        `compiled.ready`. A no-op when the mode is not "compiled"."""
+        if self.compiled is not None:
+            self.compiled.start(background)
+
+    def takes(self, b: int) -> bool:
+        """Whether run() would give a b-row step a graph (or the padded path): otherwise the
+        caller may as well run its own eager forward."""
+        if b > self.buckets[-1]:
+            return False
+        if self.compiled is not None:
+            return self.compiled.ready or self.padded
+        return self.padded
+
     def run(self, batch: DecodeBatch) -> torch.Tensor:  # [b, ...]
-        """One decode step: graph replay when a bucket fits and is captured, else eager."""
+        """One decode step: graph replay (or the compiled step) when a bucket fits, else eager."""
         b = batch.num_rows
-        bucket = select_bucket(b, self.buckets) if self.padded else None
-        if bucket is None or self.static is None:
-            if b < 1:
-                raise ValueError(f"decode batch must have >= 1 rows, got {b}")
+        bucket = select_bucket(b, self.buckets)
+        if bucket is not None and self.compiled is not None and self.compiled.ready:
+            return self._run_compiled(batch, bucket)
+        if not self.padded or bucket is None or self.static is None:
             self.num_eager += 1
             self.model.prepare_decode(batch)
             return self.model.forward_decode(batch)
@@ -97,6 +145,16 @@ class GraphRunner:
         graph.replay()
         self.num_replays += 1
         return self._outputs[bucket][:b]
+
+    def _run_compiled(self, batch: DecodeBatch, bucket: int) -> torch.Tensor:
+        assert self.compiled is not None and self.static is not None
+        b = batch.num_rows
+        rows = self.compiled.rows_for(bucket if self.pad_to_buckets else b)
+        width = min(max(batch.block_tables.shape[1], MIN_WIDTH), self.static.max_blocks_per_seq)
+        inputs = self.static.fill(batch, rows, width)
+        self.model.prepare_decode(inputs)
+        self.num_replays += 1
+        return self.compiled.fn(inputs)[:b]
 
     def capture(self) -> None:
         """Compile and capture one graph per bucket, largest first, into one memory pool."""
@@ -123,7 +181,7 @@ class GraphRunner:
         assert self.static is not None
         batch = self.static.padding(rows)
         self.model.prepare_decode(batch)  # host planning happens outside the graph, as at replay
-        mark_batch_dynamic(batch)
+        mark_batch_dynamic(batch)  # maybe: a model that specialises recompiles, capture goes on
         for _ in range(WARMUP_RUNS):
             fn(batch)
         torch.cuda.synchronize(self.device)
@@ -134,32 +192,6 @@ class GraphRunner:
 
     def _compiled_forward(self) -> Callable[[DecodeBatch], torch.Tensor]:
         return compile_decode(self.model.forward_decode, self.compile_mode)
-
-
-def compile_decode(
-    fn: Callable[[DecodeBatch], torch.Tensor], mode: str
-) -> Callable[[DecodeBatch], torch.Tensor]:
-    """torch.compile with no graph breaks allowed; mode "none" = fn itself."""
-    if mode == "none":
-        return fn
-    if mode == "reduce-overhead":
-        # that mode captures CUDA graphs of its own, inside ours: compile plainly instead
-        logger.info(
-            "graphs.compile_mode 'reduce-overhead': GraphRunner captures the graphs, compiling with 'default'"
-        )
-        mode = "default"
-    return torch.compile(fn, fullgraph=True, mode=mode)
-
-
-def mark_batch_dynamic(batch: DecodeBatch) -> None:
-    """Compile the row dimension as a symbol, so buckets share one compiled graph (a compile per
-    bucket would cost minutes for a 7B model). Size 1 is always specialised by dynamo; "maybe"
-    lets any code that needs a static row count specialise (and recompile) instead of failing."""
-    if batch.num_rows < 2:
-        return
-    for t in (batch.input_ids, batch.positions, batch.slot_mapping, batch.seq_lens, batch.block_tables):
-        torch._dynamo.maybe_mark_dynamic(t, 0)
-    torch._dynamo.maybe_mark_dynamic(batch.query_start, 0)
 
 
 @contextmanager

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from rillet.graphs.runner import GraphRunner
 
 TinyHFModel = Callable[..., tuple[Path, Any]]  # (model_type, **config overrides) -> (folder, HF model)
 
@@ -66,3 +67,12 @@ def tiny_hf_model(tmp_path_factory: pytest.TempPathFactory) -> TinyHFModel:
         return made[key]
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _eager_decode_unless_compiled(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`graphs.enabled: auto` compiles the decode step on CPU, on a background thread, for every
+    engine. Tests that do not test that step (marker `compiled`) skip the compile and run eager:
+    dozens of compiles would cost minutes of the suite's budget and compete for its 2 cores."""
+    if request.node.get_closest_marker("compiled") is None:
+        monkeypatch.setattr(GraphRunner, "start_compile", lambda self, background=True: None)

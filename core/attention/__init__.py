@@ -40,12 +40,24 @@ class AttentionMetadata:
         return self.num_prefills == 0
 
 
+@dataclass(frozen=True)
+class DecodeMetadata:
+    """A decode step's attention inputs, tensors only: what a graph-safe decode forward reads
+    (attention/paged_decode.py). One query row per sequence; padding rows use slot 0, length 1."""
+
+    slot_mapping: torch.Tensor  # [B] int64, >= 0: flat KV slot of each row's new token (pad: 0)
+    seq_lens: torch.Tensor  # [B] int32, >= 1: context length after this step (pad: 1)
+    block_tables: torch.Tensor  # [B, W] int32, unused columns 0 (the dummy block)
+
+
 class AttentionBackend(ABC):
     """Writes this step's K/V into the paged cache and attends over it."""
 
     name: str = "base"
     # True when forward() reads only device tensors planned in begin_step(): safe to capture.
     supports_cuda_graphs: bool = False
+    # True when forward() takes a DecodeMetadata for decode steps (tensors only, no planning)
+    graph_safe_decode: bool = False
 
     def begin_step(self, meta: AttentionMetadata) -> None:  # noqa: B027 - optional hook
         """Called once per step before the forward, outside any CUDA graph (flashinfer's plan())."""
@@ -58,7 +70,7 @@ class AttentionBackend(ABC):
         v: torch.Tensor,  # [T, Hkv, D]
         k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
         v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
-        meta: AttentionMetadata,
+        meta: AttentionMetadata | DecodeMetadata,
         scale: float,
     ) -> torch.Tensor:  # [T, Hq, D]
         ...

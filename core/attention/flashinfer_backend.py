@@ -11,7 +11,7 @@ per step, and a captured graph reads the same addresses at replay, after a fresh
 
 `forward` calls a torch custom op, opaque to torch.compile, that writes the new K/V at
 slot_mapping and runs the planned wrapper. The op declares no mutated arguments on purpose: the
-KV cache (2 x layers aliased views of one pool) is state the compiler must not functionalize,
+KV cache (2 x layers tensors) is state the compiler must not functionalize,
 which risks copies of the cache; the write happens inside the op, in stream order, the way vLLM
 keeps the cache out of its compiled graph. Verified on CPU with inductor: no copy, writes land.
 
@@ -28,7 +28,7 @@ from typing import Any, get_args
 import torch
 
 from ..config import FlashinferPrefillKernels
-from . import AttentionBackend, AttentionMetadata
+from . import AttentionBackend, AttentionMetadata, DecodeMetadata
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # flashinfer's recommended float workspace (split-k partials)
 TENSOR_CORE_MIN_GROUP = 4  # GQA group at which flashinfer's tensor-core decode wins (as sglang)
@@ -179,7 +179,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         v: torch.Tensor,  # [T, Hkv, D]
         k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
         v_cache: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: AttentionMetadata | DecodeMetadata,  # reads slot_mapping; begin_step planned the rest
         scale: float,
     ) -> torch.Tensor:  # [T, Hq, D]
         if abs(scale - self.sm_scale) > 1e-6 * self.sm_scale:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import AttentionBackend, AttentionMetadata
+from . import AttentionBackend, AttentionMetadata, DecodeMetadata
+from .paged_decode import paged_decode_attention
 
 
 def write_kv(
@@ -49,6 +50,10 @@ class TorchAttentionBackend(AttentionBackend):
     in a width taken from host data (the capture-time batch is all padding, seq_len 1)."""
 
     name = "torch"
+    # decode steps given a DecodeMetadata take the graph-safe path (attention/paged_decode.py):
+    # compiled on CPU, and capturable into CUDA graphs (the fallback when flashinfer is absent)
+    graph_safe_decode = True
+    supports_cuda_graphs = True
 
     def __init__(self, trim_decode: bool | None = None) -> None:
         self.trim_decode = trim_decode
@@ -60,9 +65,11 @@ class TorchAttentionBackend(AttentionBackend):
         v: torch.Tensor,  # [T, Hkv, D]
         k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
         v_cache: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: AttentionMetadata | DecodeMetadata,
         scale: float,
     ) -> torch.Tensor:  # [T, Hq, D]
+        if isinstance(meta, DecodeMetadata):  # the graph-safe decode step (compiled / captured)
+            return paged_decode_attention(q, k, v, k_cache, v_cache, meta, scale)
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         qlens, slens = meta.query_lens_cpu, meta.seq_lens_cpu
         n_pre = meta.num_prefills

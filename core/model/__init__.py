@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import AttentionBackend, AttentionMetadata
+from ..attention import AttentionBackend, AttentionMetadata, DecodeMetadata
 from ..quant.int4 import Int8Weight, lin, quantize_module_weights
 from .arch import ModelArch
 from .rope import RotaryEmbedding, apply_rope
@@ -57,7 +57,7 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,  # [T, 1, D/2]
         sin: torch.Tensor,
         kv_cache: KVCache,
-        meta: AttentionMetadata,
+        meta: AttentionMetadata | DecodeMetadata,
     ) -> torch.Tensor:  # [T, H]
         t, d, nq, nkv = x.shape[0], self.head_dim, self.n_q, self.n_kv
         h = F.rms_norm(x, self.input_layernorm.shape, self.input_layernorm, self.eps)
@@ -108,7 +108,7 @@ class DecoderModel(nn.Module):
         input_ids: torch.Tensor,  # [T] int64
         positions: torch.Tensor,  # [T] int64
         kv_caches: list[KVCache],  # one per layer
-        meta: AttentionMetadata,
+        meta: AttentionMetadata | DecodeMetadata,
     ) -> torch.Tensor:  # [T, H], after the final norm
         x = F.embedding(input_ids, self.embed_tokens)
         cos, sin = self.rope.cos_sin(positions)
@@ -222,19 +222,19 @@ def build_model(
 def allocate_kv_cache(
     arch: ModelArch, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str
 ) -> list[KVCache]:
-    """One zeroed pool [L, 2, num_blocks, block_size, Hkv, D]; per layer (k, v) views into it.
+    """Per layer a (k, v) pair of separate zeroed tensors [num_blocks, block_size, Hkv, D].
 
+    Separate, not views of one pool: the compiled decode step writes the cache in place, and
+    torch.compile turns a write into inputs that alias each other into a copy of their whole
+    storage (the full pool, every step); distinct tensors are updated in place.
     Zeroed, not empty: masked-out slots are still multiplied by a zero weight, and a NaN bit
     pattern left in never-written memory would turn that into NaN.
     """
-    pool = torch.zeros(
-        arch.num_layers,
-        2,
-        num_blocks,
-        block_size,
-        arch.num_kv_heads,
-        arch.head_dim,
-        dtype=dtype,
-        device=device,
-    )
-    return [(pool[i, 0], pool[i, 1]) for i in range(arch.num_layers)]
+    shape = (num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
+    return [
+        (
+            torch.zeros(shape, dtype=dtype, device=device),
+            torch.zeros(shape, dtype=dtype, device=device),
+        )
+        for _ in range(arch.num_layers)
+    ]

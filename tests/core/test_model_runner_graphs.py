@@ -15,7 +15,11 @@ from rillet.graphs.runner import GraphRunner
 def test_padded_graph_path_matches_plain_eager(tiny_hf_model: Any) -> None:
     folder, _ = tiny_hf_model("llama", num_hidden_layers=2)
     cfg = config_from_dict(
-        {"model": {"path": str(folder), "kind": "hf"}, "cache": {"num_blocks": 64, "block_size": 8}}
+        {
+            "model": {"path": str(folder), "kind": "hf"},
+            "cache": {"num_blocks": 64, "block_size": 8},
+            "graphs": {"enabled": "off"},
+        }
     )
     prompts = [[(5 * i + k) % 200 + 1 for k in range(3 + 4 * i)] for i in range(5)]
     params = [SamplingParams(max_tokens=6 + 2 * i, temperature=0.0, ignore_eos=True) for i in range(5)]

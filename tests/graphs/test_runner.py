@@ -12,7 +12,7 @@ from rillet.core.attention.torch_backend import TorchAttentionBackend
 from rillet.core.model import DecoderModel, KVCache, allocate_kv_cache, build_model
 from rillet.core.model.arch import ModelArch
 from rillet.graphs.interface import DecodeBatch
-from rillet.graphs.runner import GraphRunner, graphs_enabled
+from rillet.graphs.runner import GraphRunner, resolve_decode_mode
 
 BLOCK = 4
 WIDTH = 8  # blocks per sequence: contexts up to 32 tokens
@@ -118,20 +118,22 @@ def test_empty_batch_is_an_error() -> None:
             _runner(RowModel(), pad=pad).run(_random_batch(0, seed=0))
 
 
-def test_graphs_enabled_resolution() -> None:
+def test_decode_mode_resolution() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert graphs_enabled("auto", cuda) and not graphs_enabled("auto", cpu)
-    assert graphs_enabled("on", cuda)
-    assert not graphs_enabled("off", cuda) and not graphs_enabled("off", cpu)
-    with pytest.raises(ValueError, match=r"'graphs\.enabled': 'on' needs a CUDA device"):
-        graphs_enabled("on", cpu)
+
+    def mode(enabled: str, device: torch.device, compile_mode: str = "default") -> str:
+        return resolve_decode_mode(Settings(enabled=enabled, compile_mode=compile_mode), device)[0]
+
+    assert mode("auto", cuda) == mode("on", cuda) == "cuda_graphs"
+    assert mode("auto", cpu) == mode("on", cpu) == "compiled"  # CPU compiles instead of capturing
+    assert mode("off", cuda) == mode("off", cpu) == mode("auto", cpu, "none") == "eager"
+    with pytest.raises(ValueError, match=r"'graphs\.enabled': 'on' on CPU .*compile_mode is 'none'"):
+        mode("on", cpu, "none")
     with pytest.raises(ValueError, match=r"graphs\.enabled"):
-        graphs_enabled("sometimes", cpu)
+        mode("sometimes", cpu)
 
 
-def test_on_cpu_rejects_graphs_on_and_capture() -> None:
-    with pytest.raises(ValueError, match="needs a CUDA device"):
-        _runner(RowModel(), enabled="on")
+def test_on_cpu_capture_is_refused() -> None:
     with pytest.raises(RuntimeError, match="capture"):
         _runner(RowModel()).capture()
 

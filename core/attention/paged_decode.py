@@ -1,0 +1,98 @@
+"""Graph-safe paged attention for decode steps, in plain torch.
+
+One query token per row. Everything the step needs is a tensor (`DecodeMetadata`): no host
+lists, no shapes taken from tensor values, no branch on the row count. So the same code runs
+eager, compiled by torch.compile with `fullgraph=True` (the compiled CPU decode step) and captured
+into a CUDA graph (the CUDA fallback when flashinfer is absent).
+
+Shapes are fixed by the caller: B rows, a block table W blocks wide. A padding row points at the
+dummy block 0 (slot 0, context length 1) and is masked by its length like any other row; columns
+past a row's context are masked the same way, so W may be any width that covers the longest
+context in the step (the full `max_blocks_per_seq` for a CUDA graph, trimmed on CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import DecodeMetadata
+
+
+def write_decode_kv(
+    k: torch.Tensor,  # [B, Hkv, D]
+    v: torch.Tensor,  # [B, Hkv, D]
+    k_cache: torch.Tensor,  # [N, bs, Hkv, D]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [B] int64, every entry a valid slot (padding rows: slot 0)
+) -> None:
+    k_cache.view(-1, *k_cache.shape[2:])[slot_mapping] = k.to(k_cache.dtype)
+    v_cache.view(-1, *v_cache.shape[2:])[slot_mapping] = v.to(v_cache.dtype)
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # [B, Hq, D]
+    k: torch.Tensor,  # [B, Hkv, D]
+    v: torch.Tensor,  # [B, Hkv, D]
+    k_cache: torch.Tensor,  # [N, bs, Hkv, D]
+    v_cache: torch.Tensor,
+    meta: DecodeMetadata,
+    scale: float,
+) -> torch.Tensor:  # [B, Hq, D]
+    """Writes this step's K/V, then each row attends over its first seq_lens[b] cached tokens."""
+    write_decode_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    if torch.compiler.is_compiling():
+        return _attend_fused(q, k_cache, v_cache, meta, scale)
+    return _attend_matmul(q, k_cache, v_cache, meta, scale)
+
+
+def _attend_fused(
+    q: torch.Tensor,  # [B, Hq, D]
+    k_cache: torch.Tensor,  # [N, bs, Hkv, D]
+    v_cache: torch.Tensor,
+    meta: DecodeMetadata,
+    scale: float,
+) -> torch.Tensor:  # [B, Hq, D]
+    """The attention as two reductions over the context, for Inductor: it fuses the block gather
+    into them, so each row's context is read once, in place from the cache. As matmuls (below) it
+    would first materialise and transpose every context. No reshape merges the row and width axes
+    (nor the width and block axes): such an index expression would specialise a batch of 1."""
+    b, w = meta.block_tables.shape
+    bs, hkv, d = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    table = meta.block_tables.reshape(-1)
+    qg = q.view(b, hkv, 1, 1, q.shape[1] // hkv, d).float()  # [B, Hkv, 1, 1, G, D]
+    # [B, Hkv, W, bs, 1, D] views of the gathered blocks; Inductor reads them in place
+    kt = k_cache.index_select(0, table).view(b, w, bs, hkv, 1, d).permute(0, 3, 1, 2, 4, 5)
+    vt = v_cache.index_select(0, table).view(b, w, bs, hkv, 1, d).permute(0, 3, 1, 2, 4, 5)
+    scores = (qg * kt.float()).sum(-1) * scale  # [B, Hkv, W, bs, G]
+    pos = torch.arange(w * bs, device=q.device).view(w, bs)
+    valid = pos[None] < meta.seq_lens[:, None, None]  # [B, W, bs]
+    scores = scores.masked_fill(~valid[:, None, :, :, None], float("-inf"))
+    # softmax over the context (W, bs) without merging the two axes (a merge ties W to B)
+    e = torch.exp(scores - scores.amax(dim=(2, 3), keepdim=True))
+    p = e / e.sum(dim=(2, 3), keepdim=True)  # [B, Hkv, W, bs, G]
+    o = (p[..., None] * vt.float()).sum(dim=(2, 3))  # [B, Hkv, G, D]
+    return o.to(q.dtype).reshape(b, q.shape[1], d)
+
+
+def _attend_matmul(
+    q: torch.Tensor,  # [B, Hq, D]
+    k_cache: torch.Tensor,  # [N, bs, Hkv, D]
+    v_cache: torch.Tensor,
+    meta: DecodeMetadata,
+    scale: float,
+) -> torch.Tensor:  # [B, Hq, D]
+    """Eager (and CUDA-graph capture): batched matmuls over the gathered contexts."""
+    b, w = meta.block_tables.shape
+    hkv, d = k_cache.shape[2], k_cache.shape[3]
+    s = w * k_cache.shape[1]
+    table = meta.block_tables.reshape(-1)
+    # index_select, not cache[table]: advanced indexing is far slower on CPU (eager)
+    kc = k_cache.index_select(0, table).view(b, s, hkv, d)  # [B, S, Hkv, D]
+    vc = v_cache.index_select(0, table).view(b, s, hkv, d)
+    qg = q.view(b, hkv, q.shape[1] // hkv, d)  # [B, Hkv, G, D]: query heads grouped by kv head
+    scores = torch.einsum("bhgd,bshd->bhgs", qg, kc.to(q.dtype)).float() * scale  # [B, Hkv, G, S]
+    valid = torch.arange(s, device=q.device)[None, :] < meta.seq_lens[:, None]  # [B, S]
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    p = torch.softmax(scores, dim=-1).to(q.dtype)
+    o = torch.einsum("bhgs,bshd->bhgd", p, vc.to(q.dtype))  # [B, Hkv, G, D]
+    return o.reshape(b, q.shape[1], d)

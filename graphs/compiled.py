@@ -1,0 +1,195 @@
+"""The decode step compiled with torch.compile for CPU, built on a background thread.
+
+One compile serves every batch size from 2 up: the row dimension and the block-table width are
+dynamic (symbolic) dimensions, so a step runs at its exact size with no padding and no recompile.
+Dynamo always specialises a dimension of size 1, so batch 1 is a second graph; it is compiled
+after the general one, and until it is ready a batch of 1 runs padded to 2 rows. (Measured on
+the default model: exact batch 1 is ~13 % faster per step than padded to 2; marking the row
+dimension unbacked gave wrong rows, and `backed_size_oblivious` still specialised on a stride
+guard: see bench/RESULTS.md.) The block table is never narrower than 2 columns, for the same
+reason: a width of 1 would be a third compile.
+
+`start()` compiles on a thread of its own while the engine serves eager; `ready` flips once the
+general graph works (a bool read by the engine between steps: the switch is atomic per step).
+Inductor's on-disk caches (FX graph and AOTAutograd) live under `cache_dir`, so a restart
+re-traces with dynamo (seconds) but compiles no C++.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from .interface import DecodeBatch, DecodeModel
+from .static_buffers import StaticBuffers
+
+logger = logging.getLogger(__name__)
+
+MIN_WIDTH = 2  # block-table columns; 1 would be specialised (a compile of its own)
+COMPILE_ROWS, COMPILE_WIDTH = 2, 3  # example sizes: distinct, so dynamo keeps two symbols
+CHECK_RUNS = 3  # timed calls of each path for `graphs.enabled: auto`
+
+DecodeFn = Callable[[DecodeBatch], torch.Tensor]
+
+
+def set_compile_cache_dir(path: Path) -> Path:
+    """Points Inductor's on-disk caches at `path`, unless TORCHINDUCTOR_CACHE_DIR names another
+    place than torch's default (torch itself writes its default there once it has looked)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current and os.path.abspath(current) != os.path.abspath(default_cache_dir()):
+        return Path(current)
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    return path
+
+
+def compile_decode(fn: DecodeFn, mode: str) -> DecodeFn:
+    """torch.compile with no graph breaks allowed; mode "none" = fn itself.
+
+    Compiles a fresh wrapper with a code object of its own: dynamo keeps its compiled entries
+    per code object, so two models (or two engines in one process) never share, evict or
+    outnumber (dynamo's recompile limit) each other's graphs."""
+    if mode == "none":
+        return fn
+    if mode == "reduce-overhead":
+        # that mode captures CUDA graphs of its own, inside ours (on CPU it has nothing to capture)
+        logger.info("graphs.compile_mode 'reduce-overhead': compiling with 'default' (graphs are ours)")
+        mode = "default"
+
+    def decode_step(batch: DecodeBatch) -> torch.Tensor:
+        return fn(batch)
+
+    decode_step.__code__ = decode_step.__code__.replace(co_name=f"decode_step_{id(decode_step):x}")
+    return torch.compile(decode_step, fullgraph=True, mode=mode)
+
+
+def mark_batch_dynamic(batch: DecodeBatch, width: bool = False, strict: bool = False) -> None:
+    """Compile the row dimension (and with `width`, the block-table width) as symbols, so one
+    graph serves every size (a compile per bucket would cost minutes for a 7B model). Size 1 is
+    always specialised by dynamo. `strict`: if the model specialised a size after all, dynamo
+    raises; otherwise ("maybe") it specialises and recompiles instead of failing."""
+    if batch.num_rows < 2:
+        return
+    mark = torch._dynamo.mark_dynamic if strict else torch._dynamo.maybe_mark_dynamic
+    for t in (batch.input_ids, batch.positions, batch.slot_mapping, batch.seq_lens, batch.block_tables):
+        mark(t, 0)
+    mark(batch.query_start, 0)
+    if width:
+        mark(batch.block_tables, 1)
+
+
+class CompiledDecode:
+    """The compiled decode function of one model, for CPU; see the module docstring."""
+
+    def __init__(
+        self,
+        model: DecodeModel,
+        compile_mode: str,
+        *,
+        max_blocks_per_seq: int,
+        device: torch.device,
+        check_faster: bool,
+        with_batch_1: bool,
+    ) -> None:
+        self.model = model
+        self.device = device
+        self.compile_mode = compile_mode
+        self.check_faster = check_faster  # graphs.enabled auto: keep it only when measured faster
+        self.with_batch_1 = with_batch_1
+        self.fn = compile_decode(model.forward_decode, compile_mode)
+        # the compiles' own inputs: never the buffers the engine fills while it serves eager
+        self._warm = StaticBuffers.allocate(COMPILE_ROWS, max(max_blocks_per_seq, COMPILE_WIDTH), device)
+        self.ready = False  # the general graph (rows >= 2) is compiled and chosen
+        self.ready_1 = False  # the batch-1 graph too
+        self.failed: str | None = None  # why compiled decode is off (error, or not faster)
+        self.seconds: dict[str, float] = {}
+        self._thread: threading.Thread | None = None
+        self._done = threading.Event()
+
+    def start(self, background: bool = True) -> None:
+        if background:
+            # not a daemon: interpreter exit waits for a compile in flight (one killed inside
+            # Inductor's C++ aborts the process)
+            self._thread = threading.Thread(target=self._run, name="rillet-compile")
+            self._thread.start()
+        else:
+            self._run()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once compiling has finished (ready, or given up)."""
+        return self._done.wait(timeout)
+
+    def rows_for(self, b: int) -> int:
+        """Rows to run b real rows at: b itself, or 2 while the batch-1 graph is not compiled."""
+        return 2 if b == 1 and not self.ready_1 else b
+
+    def _run(self) -> None:
+        try:
+            with torch.inference_mode():
+                self._compile_all()
+        except Exception as exc:  # a compile error must not take the server down: stay eager
+            lines = str(exc).strip().splitlines()
+            self.failed = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+            logger.warning("compiled decode off, serving eager: compile failed (%s)", self.failed)
+        finally:
+            self._done.set()
+
+    def _compile_all(self) -> None:
+        total = time.perf_counter()
+        logger.info("compiling the decode step (torch.compile, mode %s) in the background", self.compile_mode)
+        batch = self._warm.padding(COMPILE_ROWS, COMPILE_WIDTH)
+        mark_batch_dynamic(batch, width=True, strict=True)
+        self._timed("batch 2+", batch)
+        if self.check_faster and not self._faster(batch):
+            return
+        self.ready = True
+        logger.info("decode step: compiled graph in use (batch 1 runs as 2 rows until its own graph)")
+        if self.with_batch_1:
+            self._timed("batch 1", self._warm.padding(1, COMPILE_WIDTH))
+            self.ready_1 = True
+        logger.info(
+            "decode step compiled in %.1f s (%s)",
+            time.perf_counter() - total,
+            ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items()),
+        )
+
+    def _timed(self, name: str, batch: DecodeBatch) -> None:
+        hits = _cache_hits()
+        start = time.perf_counter()
+        self.model.prepare_decode(batch)
+        self.fn(batch)
+        self.seconds[name] = time.perf_counter() - start
+        cached = "Inductor cache hit" if _cache_hits() > hits else "compiled"
+        logger.info("decode graph for %s: %.1f s (%s)", name, self.seconds[name], cached)
+
+    def _faster(self, batch: DecodeBatch) -> bool:
+        """graphs.enabled auto: time both paths on the same small batch; keep the faster."""
+        eager: list[float] = []
+        compiled: list[float] = []
+        for _ in range(CHECK_RUNS):
+            for fn, times in ((self.model.forward_decode, eager), (self.fn, compiled)):
+                self.model.prepare_decode(batch)
+                t0 = time.perf_counter()
+                fn(batch)
+                times.append(time.perf_counter() - t0)
+        e, c = min(eager) * 1e3, min(compiled) * 1e3
+        if c < e:
+            logger.info("decode step: compiled %.2f ms vs eager %.2f ms per step (batch 2): compiled", c, e)
+            return True
+        self.failed = f"compiled {c:.2f} ms vs eager {e:.2f} ms per step (batch 2): not faster"
+        logger.info("decode step stays eager: %s", self.failed)
+        return False
+
+
+def _cache_hits() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["fxgraph_cache_hit"])
