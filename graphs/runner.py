@@ -154,7 +154,8 @@ class GraphRunner:
         inputs = self.static.fill(batch, rows, width)
         self.model.prepare_decode(inputs)
         self.num_replays += 1
-        return self.compiled.fn(inputs)[:b]
+        with torch.inference_mode():  # as compiled: under another grad mode a guard would recompile
+            return self.compiled.fn(inputs)[:b]
 
     def capture(self) -> None:
         """Compile and capture one graph per bucket, largest first, into one memory pool."""
