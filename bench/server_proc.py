@@ -23,6 +23,7 @@ class RilletServer:
         self.overrides = overrides
         self.log_path = log_path or f"bench/out/server-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.decode_path = "unknown"  # "compiled" | "eager", once started
 
     @property
     def base_url(self) -> str:
@@ -45,11 +46,29 @@ class RilletServer:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1) as r:
                     if r.status == 200:
+                        self.decode_path = self._wait_compiled()
                         return self
             except OSError:
                 pass
             time.sleep(0.2)
         raise TimeoutError(f"server not healthy after 180 s; see {self.log_path}")
+
+    def _wait_compiled(self, timeout: float = 900) -> str:
+        """A CPU server compiles its decode step in the background after /health is up: measure
+        the step it will keep, so wait until the log says which (\"compiled\" or \"eager\")."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = Path(self.log_path).read_text(errors="replace")
+            if "decode step: compiled (" not in text:
+                return "eager" if "decode step: " in text else "unknown"
+            if "decode step compiled in" in text:
+                return "compiled"
+            if "stays eager" in text or "compiled decode off" in text:
+                return "eager"
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}; see {self.log_path}")
+            time.sleep(0.5)
+        raise TimeoutError(f"decode step not compiled after {timeout} s; see {self.log_path}")
 
     def peak_rss_mib(self) -> float | None:
         if self.proc is None:
