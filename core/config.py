@@ -116,7 +116,8 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class GraphConfig:
-    enabled: Literal["auto", "on", "off"] = "auto"  # CUDA graphs for decode; never on CPU
+    # decode step as a graph: CUDA graphs on CUDA, the torch.compile'd step on CPU (auto: if faster)
+    enabled: Literal["auto", "on", "off"] = "auto"
     buckets: tuple[int, ...] = ()  # batch-size buckets; () = 1, 2, 4, 8, then steps of 8/16
     compile_mode: CompileMode = "default"
 

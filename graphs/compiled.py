@@ -76,14 +76,14 @@ def mark_batch_dynamic(batch: DecodeBatch, width: bool = False, strict: bool = F
     graph serves every size (a compile per bucket would cost minutes for a 7B model). Size 1 is
     always specialised by dynamo. `strict`: if the model specialised a size after all, dynamo
     raises; otherwise ("maybe") it specialises and recompiles instead of failing."""
+    mark = torch._dynamo.mark_dynamic if strict else torch._dynamo.maybe_mark_dynamic
+    if width:  # the batch-1 graph too: its width varies like every other's
+        mark(batch.block_tables, 1)
     if batch.num_rows < 2:
         return
-    mark = torch._dynamo.mark_dynamic if strict else torch._dynamo.maybe_mark_dynamic
     for t in (batch.input_ids, batch.positions, batch.slot_mapping, batch.seq_lens, batch.block_tables):
         mark(t, 0)
     mark(batch.query_start, 0)
-    if width:
-        mark(batch.block_tables, 1)
 
 
 class CompiledDecode:
@@ -153,7 +153,9 @@ class CompiledDecode:
         self.ready = True
         logger.info("decode step: compiled graph in use (batch 1 runs as 2 rows until its own graph)")
         if self.with_batch_1:
-            self._timed("batch 1", self._warm.padding(1, COMPILE_WIDTH))
+            one = self._warm.padding(1, COMPILE_WIDTH)
+            mark_batch_dynamic(one, width=True, strict=True)
+            self._timed("batch 1", one)
             self.ready_1 = True
         logger.info(
             "decode step compiled in %.1f s (%s)",
