@@ -218,5 +218,3 @@ def test_int4_weights_go_through_the_graph() -> None:
     want = adapter.forward_decode(batch)  # eager, same inputs (writes the same K/V again)
     torch.testing.assert_close(got.float(), want.float(), rtol=0.05, atol=0.05)
     assert _graphs() == before + 1
-
-
