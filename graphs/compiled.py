@@ -109,6 +109,7 @@ class CompiledDecode:
         self._warm = StaticBuffers.allocate(COMPILE_ROWS, max(max_blocks_per_seq, COMPILE_WIDTH), device)
         self.ready = False  # the general graph (rows >= 2) is compiled and chosen
         self.ready_1 = False  # the batch-1 graph too
+        self.settled = False  # no compile will follow: guards may be skipped (see __call__)
         self.failed: str | None = None  # why compiled decode is off (error, or not faster)
         self.seconds: dict[str, float] = {}
         self._thread: threading.Thread | None = None
@@ -126,6 +127,16 @@ class CompiledDecode:
     def wait(self, timeout: float | None = None) -> bool:
         """True once compiling has finished (ready, or given up)."""
         return self._done.wait(timeout)
+
+    def __call__(self, batch: DecodeBatch) -> torch.Tensor:
+        """One step. Once every graph is built, dynamo checks only the guards that tell its two
+        graphs apart (rows == 1 or not), not the ~10 per weight it checks otherwise (~0.7 ms a
+        step on the default model): the inputs are always views of the same static buffers, under
+        inference mode, with widths >= 2, so the skipped guards hold by construction."""
+        if self.settled:
+            with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                return self.fn(batch)
+        return self.fn(batch)
 
     def rows_for(self, b: int) -> int:
         """Rows to run b real rows at: b itself, or 2 while the batch-1 graph is not compiled."""
@@ -157,6 +168,7 @@ class CompiledDecode:
             mark_batch_dynamic(one, width=True, strict=True)
             self._timed("batch 1", one)
             self.ready_1 = True
+        self.settled = True
         logger.info(
             "decode step compiled in %.1f s (%s)",
             time.perf_counter() - total,

@@ -155,7 +155,7 @@ class GraphRunner:
         self.model.prepare_decode(inputs)
         self.num_replays += 1
         with torch.inference_mode():  # as compiled: under another grad mode a guard would recompile
-            return self.compiled.fn(inputs)[:b]
+            return self.compiled(inputs)[:b]
 
     def capture(self) -> None:
         """Compile and capture one graph per bucket, largest first, into one memory pool."""
