@@ -205,6 +205,16 @@ def _graph_runner(
         mode, why = "eager", f"the {model.backend.name} attention backend cannot be captured"
     if mode == "compiled" and not model.backend.graph_safe_decode:
         mode, why = "eager", f"the {model.backend.name} attention backend has no graph-safe decode"
+    if mode == "compiled" and cfg.parallel.tensor_parallel_size > 1:
+        # The compile runs (and times) the step on a background thread, each rank on its own
+        # schedule: its all-reduces would pair with another rank's step, not with its own.
+        if cfg.graphs.enabled == "on":
+            raise ConfigError(
+                "graphs.enabled",
+                "'on' on CPU compiles the decode step in the background, which tensor parallelism "
+                "(parallel.tensor_parallel_size > 1) cannot do; use 'auto' or 'off'",
+            )
+        mode, why = "eager", "tensor parallelism on CPU: the ranks cannot compile in the background"
     log.info("decode step: %s (%s)", mode.replace("_", " "), why)
     if mode == "eager":
         return None
