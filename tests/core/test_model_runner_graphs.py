@@ -8,10 +8,11 @@ from typing import Any
 import torch
 from rillet.core.config import GraphConfig, config_from_dict
 from rillet.core.llm import LLM
-from rillet.core.model_runner import DecoderGraphAdapter, ModelRunner, build_inputs
+from rillet.core.model_runner import DecoderGraphAdapter, ModelRunner
 from rillet.core.request import Sequence
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.scheduler import ScheduledBatch
+from rillet.core.step_inputs import InputBuilder
 from rillet.graphs.runner import GraphRunner
 
 
@@ -47,8 +48,9 @@ def test_padded_graph_path_matches_plain_eager(tiny_hf_model: Any) -> None:
 
 def test_decode_only_step_with_a_non_final_one_token_chunk(tiny_hf_model: Any) -> None:
     """Issue 17 item 5: a token budget that leaves one token gives a prompt a 1-token chunk that is
-    not its last. The step is then decode-only (every row has one new token) with 2 rows but 1
-    sequence to sample; the graph path must sample that one row, as the eager path does."""
+    not its last: every row has one new token, 2 rows but 1 sequence to sample. The step is a
+    prefill step (the chunk is not a decode), and with a graph runner present it samples that one
+    row, as without."""
     folder, _ = tiny_hf_model("llama", num_hidden_layers=2)
     cfg = config_from_dict(
         {
@@ -85,9 +87,10 @@ def test_decode_only_step_with_a_non_final_one_token_chunk(tiny_hf_model: Any) -
             a.output_ids.append(out.token_ids[0])
             a.num_computed, b.num_computed = 6, 3
             step = ScheduledBatch([a, b], [1, 1])  # a decodes; b's 4th of 5 prompt tokens
-            assert build_inputs(step, 8, torch.device("cpu")).meta.is_decode_only
+            # the builder counts the non-final chunk as a prefill: the step never takes the graph
+            assert InputBuilder(8, torch.device("cpu")).build(step).meta.num_prefills == 1
             seqs, out = runner.step(step)
             assert seqs == [a] and len(out.token_ids) == 1
             results.append(out.token_ids)
-        assert padded.graph_runner is not None and padded.graph_runner.num_padded_eager == 1
+        assert padded.graph_runner is not None and padded.graph_runner.num_padded_eager == 0
         assert results[0] == results[1]
