@@ -65,3 +65,13 @@ def table(rows: list[dict[str, Any]], cols: list[str]) -> str:
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
     return "\n".join(lines)
+
+
+def decode_path(llm: Any) -> str:
+    """Waits for a CPU engine's background compile of the decode step, so that what follows
+    measures the step the engine keeps; "compiled" or "eager"."""
+    gr = getattr(llm.engine.core.runner, "graph_runner", None)
+    if gr is None or gr.compiled is None:
+        return "eager"
+    gr.compiled.wait()
+    return "compiled" if gr.compiled.ready else "eager"

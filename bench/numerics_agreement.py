@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import peak_rss_mib, table, write_json
+from common import decode_path, peak_rss_mib, table, write_json
 from rillet.core.attention import AttentionMetadata
 from rillet.core.config import config_from_dict
 from rillet.core.llm import LLM
@@ -53,6 +53,7 @@ class RilletRun:
     answers: list[list[int]]  # greedy answer ids per prompt
     texts: list[str]  # the answers decoded
     weights: str  # as run: "quantization/dtype"
+    decode: str  # the decode step the answers came from: "compiled" | "eager"
     logits: list[torch.Tensor]  # [T, V] per forced sequence
     eos: int
 
@@ -64,6 +65,7 @@ def rillet_run(
     prompt followed by this run's own answer)."""
     cfg = config_from_dict({"model": {"device": "cpu"}, "cache": {"num_blocks": 512}}, overrides)
     with LLM(cfg) as llm:
+        path = decode_path(llm)  # the answers come from the decode step that serves, not a mix
         rt = llm.engine.runtime
         texts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
         ids = [llm.tokenizer.encode(t) for t in texts]
@@ -76,6 +78,7 @@ def rillet_run(
             answers,
             [o.outputs[0].text for o in outs],
             f"{rt.quantization}/{str(rt.dtype).removeprefix('torch.')}",
+            path,
             [prefill_logits(model, f) for f in (forced or own)],
             rt.arch.eos_token_ids[0],
         )
@@ -176,7 +179,9 @@ def measure(
     """`quick`: transformers only under teacher forcing (no generate), for the test suite."""
     prompts = chat_prompts()[:prompts_n]
     t0 = time.perf_counter()
-    fp32 = rillet_run(prompts, tokens, ["model.quantization=none", "model.dtype=float32"])
+    # the reference is the plainest path: float32 weights, eager decode
+    reference = ["model.quantization=none", "model.dtype=float32", "graphs.enabled=off"]
+    fp32 = rillet_run(prompts, tokens, reference)
     forced = [p + a for p, a in zip(fp32.prompt_ids, fp32.answers, strict=True)]
     default = rillet_run(prompts, tokens, default_set, forced)
     f = prompts.index(FRANCE)
@@ -187,6 +192,7 @@ def measure(
         "default_set": default_set,
         "default_run": default.weights,
         "fp32_run": fp32.weights,
+        "default_decode": default.decode,
         "default_vs_fp32": agreement(default.answers, fp32.answers, match),
         "default_forced": forced_stats(default.logits, fp32.logits, fp32.answers),
         "default_disagrees_on": [

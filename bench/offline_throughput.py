@@ -21,22 +21,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import peak_rss_mib, table, write_json
+from common import decode_path, peak_rss_mib, table, write_json
 from rillet.core.config import config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.loaders.default_model import default_model_path
 from rillet.core.sampling_params import SamplingParams
 
 PROMPTS = [f"Write a short story number {i} about a robot who learns to paint." for i in range(64)]
-
-
-def decode_path(llm: LLM) -> str:
-    """Waits for a background compile of the decode step; "compiled" or "eager"."""
-    gr = getattr(llm.engine.core.runner, "graph_runner", None)
-    if gr is None or gr.compiled is None:
-        return "eager"
-    gr.compiled.wait()
-    return "compiled" if gr.compiled.ready else "eager"
 
 
 def bench_rillet(batch: int, tokens: int, overrides: list[str]) -> tuple[float, str, str]:

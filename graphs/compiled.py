@@ -38,14 +38,22 @@ CHECK_RUNS = 3  # timed calls of each path for `graphs.enabled: auto`
 DecodeFn = Callable[[DecodeBatch], torch.Tensor]
 
 
-def set_compile_cache_dir(path: Path) -> Path:
-    """Points Inductor's on-disk caches at `path`, unless TORCHINDUCTOR_CACHE_DIR names another
-    place than torch's default (torch itself writes its default there once it has looked)."""
+def set_compile_cache_dir(base: Path) -> Path:
+    """Points Inductor's on-disk caches at a folder of `base` per CPU-ISA cap, unless
+    TORCHINDUCTOR_CACHE_DIR names another place than torch's default (torch itself writes its
+    default there once it has looked).
+
+    Inductor vectorises for the ISA that ATEN_CPU_CAPABILITY allows (AVX2 under `avx2`), but its
+    FX-graph cache key leaves the cap out: a process without the cap then loads the AVX2 wrapper
+    and builds its C++ for AVX-512, whose vectors are twice as wide as the loops step, and
+    corrupts the heap (seen: "double free or corruption" in the first compiled step). One folder
+    per cap keeps their entries apart."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if current and os.path.abspath(current) != os.path.abspath(default_cache_dir()):
         return Path(current)
+    path = base / f"isa-{os.environ.get('ATEN_CPU_CAPABILITY') or 'native'}"
     path.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
     return path

@@ -218,3 +218,24 @@ def test_int4_weights_go_through_the_graph() -> None:
     want = adapter.forward_decode(batch)  # eager, same inputs (writes the same K/V again)
     torch.testing.assert_close(got.float(), want.float(), rtol=0.05, atol=0.05)
     assert _graphs() == before + 1
+
+
+def test_compile_cache_is_kept_per_isa_cap(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process capped to AVX2 (ATEN_CPU_CAPABILITY) and one without the cap must not share
+    Inductor's cache: its key leaves the cap out, and the uncapped process crashed in the AVX2
+    entry (tests/core/test_numerics.py runs both, in that order or the other)."""
+    from rillet.graphs.compiled import set_compile_cache_dir
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    where = {}
+    for cap in ("avx2", None):
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+        if cap is None:
+            monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+        else:
+            monkeypatch.setenv("ATEN_CPU_CAPABILITY", cap)
+        where[cap] = set_compile_cache_dir(tmp_path)
+        assert where[cap].is_dir() and where[cap].parent == tmp_path
+    assert where["avx2"] != where[None]
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert set_compile_cache_dir(tmp_path) == tmp_path / "mine"  # the user's choice wins
