@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +69,40 @@ def tiny_hf_model(tmp_path_factory: pytest.TempPathFactory) -> TinyHFModel:
     return make
 
 
-@pytest.fixture(autouse=True)
-def _eager_decode_unless_compiled(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(scope="session", autouse=True)
+def _compile_switch() -> Iterator[dict[str, bool]]:
     """`graphs.enabled: auto` compiles the decode step on CPU, on a background thread, for every
-    engine. Tests that do not test that step (marker `compiled`) skip the compile and run eager:
-    dozens of compiles would cost minutes of the suite's budget and compete for its 2 cores."""
-    if request.node.get_closest_marker("compiled") is None:
-        monkeypatch.setattr(GraphRunner, "start_compile", lambda self, background=True: None)
+    engine. Only tests marked `compiled` (a module's pytestmark, or a test's own mark) build it;
+    the others run eager: dozens of compiles would cost minutes of the suite's budget, and a
+    compile left running competes for the 2 cores with the tests after it. Patched for the whole
+    session, so that module- and session-scoped fixtures (set up before any function-scoped
+    fixture) are covered too."""
+    switch = {"on": False}
+    real = GraphRunner.start_compile
+
+    def start_compile(self: GraphRunner, background: bool = True) -> None:
+        if switch["on"]:
+            real(self, background)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(GraphRunner, "start_compile", start_compile)
+        yield switch
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_in_marked_modules(
+    request: pytest.FixtureRequest, _compile_switch: dict[str, bool]
+) -> Iterator[None]:
+    _compile_switch["on"] = request.node.get_closest_marker("compiled") is not None
+    yield
+    _compile_switch["on"] = False
+
+
+@pytest.fixture(autouse=True)
+def _compile_in_marked_tests(
+    request: pytest.FixtureRequest, _compile_switch: dict[str, bool]
+) -> Iterator[None]:
+    before = _compile_switch["on"]
+    _compile_switch["on"] = request.node.get_closest_marker("compiled") is not None
+    yield
+    _compile_switch["on"] = before
