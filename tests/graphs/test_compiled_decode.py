@@ -239,3 +239,71 @@ def test_compile_cache_is_kept_per_isa_cap(tmp_path: Any, monkeypatch: pytest.Mo
     assert where["avx2"] != where[None]
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert set_compile_cache_dir(tmp_path) == tmp_path / "mine"  # the user's choice wins
+
+
+class _Clock:
+    """A stand-in for time.perf_counter that only the fake steps below advance."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _FakeModel:
+    def __init__(self, clock: _Clock, ms: float) -> None:
+        self.clock, self.ms = clock, ms
+
+    def prepare_decode(self, batch: DecodeBatch) -> None:
+        pass
+
+    def forward_decode(self, batch: DecodeBatch) -> torch.Tensor:
+        self.clock.now += self.ms / 1e3
+        return torch.zeros(batch.num_rows, 4)
+
+
+@pytest.mark.parametrize(("compiled_ms", "kept"), [(5.0, True), (10.5, True), (12.0, False)])
+def test_auto_keeps_the_compiled_step_unless_clearly_slower(
+    compiled_ms: float, kept: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`graphs.enabled: auto` compares medians of interleaved calls and keeps the compiled step
+    unless it is more than SLOWER_THAN_EAGER x eager: a check that runs beside a busy engine must
+    not flip to eager on noise. A fake clock: no real timing."""
+    from rillet.graphs import compiled as compiled_mod
+
+    clock = _Clock()
+    monkeypatch.setattr(compiled_mod.time, "perf_counter", clock)
+    eager = _FakeModel(clock, 10.0)
+    cd = compiled_mod.CompiledDecode(
+        eager, "none", max_blocks_per_seq=4, device=torch.device("cpu"), check_faster=True, with_batch_1=False
+    )
+    cd.fn = _FakeModel(clock, compiled_ms).forward_decode
+    assert cd._faster(cd._warm.padding(2, 3)) is kept
+    assert (cd.failed is None) is kept
+    if not kept:
+        assert "slower" in (cd.failed or "")
+
+
+def test_compile_thread_runs_at_a_lower_priority() -> None:
+    """The compile thread nices itself (Linux: per thread), so the steps that serve meanwhile
+    are not slowed by a cold compile; the engine's own threads keep their priority."""
+    import os
+    import threading
+
+    from rillet.graphs.compiled import COMPILE_NICE, _lower_this_threads_priority
+
+    if not hasattr(os, "setpriority"):
+        pytest.skip("no per-thread priorities here")
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen: list[int] = []
+
+    def body() -> None:
+        _lower_this_threads_priority()
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    assert seen == [min(19, mine + COMPILE_NICE)]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
