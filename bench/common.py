@@ -75,3 +75,20 @@ def decode_path(llm: Any) -> str:
         return "eager"
     gr.compiled.wait()
     return "compiled" if gr.compiled.ready else "eager"
+
+
+def hf_config_kwargs(arch: Any) -> dict[str, Any]:
+    """A rillet ModelArch as the keyword arguments of a transformers Llama-family config."""
+    return {
+        "vocab_size": arch.vocab_size,
+        "hidden_size": arch.hidden_size,
+        "intermediate_size": arch.intermediate_size,
+        "num_hidden_layers": arch.num_layers,
+        "num_attention_heads": arch.num_heads,
+        "num_key_value_heads": arch.num_kv_heads,
+        "head_dim": arch.head_dim,
+        "rms_norm_eps": arch.rms_norm_eps,
+        "rope_theta": arch.rope_theta,
+        "max_position_embeddings": arch.max_position,
+        "tie_word_embeddings": arch.tie_word_embeddings,
+    }

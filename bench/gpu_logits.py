@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from common import hf_config_kwargs
 from gpu_timing import random_ids
 from rillet.core.attention import AttentionMetadata
 from rillet.core.attention.select import create_attention_backend
@@ -29,17 +30,7 @@ def hf_model(arch: ModelArch, device: torch.device, dtype: torch.dtype, seed: in
     config_cls, model_cls = kinds[arch.architecture]
     extra = {"sliding_window": None} if arch.architecture == "mistral" else {}
     cfg = config_cls(
-        vocab_size=arch.vocab_size,
-        hidden_size=arch.hidden_size,
-        intermediate_size=arch.intermediate_size,
-        num_hidden_layers=arch.num_layers,
-        num_attention_heads=arch.num_heads,
-        num_key_value_heads=arch.num_kv_heads,
-        head_dim=arch.head_dim,
-        rms_norm_eps=arch.rms_norm_eps,
-        rope_theta=arch.rope_theta,
-        max_position_embeddings=arch.max_position,
-        tie_word_embeddings=arch.tie_word_embeddings,
+        **hf_config_kwargs(arch),
         initializer_range=0.02,
         bos_token_id=None,
         eos_token_id=None,

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import decode_path, peak_rss_mib, table, write_json
+from common import decode_path, hf_config_kwargs, peak_rss_mib, table, write_json
 from rillet.core.attention import AttentionMetadata
 from rillet.core.config import config_from_dict
 from rillet.core.llm import LLM
@@ -126,17 +126,7 @@ def hf_model(dtype: torch.dtype) -> Any:
 
     arch, weights = load_gguf(default_model_path(), torch.float32)
     config = transformers.LlamaConfig(
-        vocab_size=arch.vocab_size,
-        hidden_size=arch.hidden_size,
-        intermediate_size=arch.intermediate_size,
-        num_hidden_layers=arch.num_layers,
-        num_attention_heads=arch.num_heads,
-        num_key_value_heads=arch.num_kv_heads,
-        head_dim=arch.head_dim,
-        rms_norm_eps=arch.rms_norm_eps,
-        rope_theta=arch.rope_theta,
-        max_position_embeddings=arch.max_position,
-        tie_word_embeddings=arch.tie_word_embeddings,
+        **hf_config_kwargs(arch),
     )
     model = transformers.LlamaForCausalLM(config)
     model.load_state_dict(dict(weights), strict=False)  # lm_head: tied to the embedding

@@ -369,23 +369,8 @@ def almost_valid_body(draw: st.DrawFn, kind: str, model: str) -> bytes:
     return raw
 
 
-SAMPLING_FIELDS = [
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "n",
-    "stop",
-    "seed",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "stream",
-    "ignore_eos",
-    "min_tokens",
-    "stop_token_ids",
-]
+# COMMON_FIELDS from max_tokens up to stop_token_ids: the parameters the sampler and stop checks read
+SAMPLING_FIELDS = [f for f in COMMON_FIELDS[1 : COMMON_FIELDS.index("user")] if f != "stream_options"]
 
 
 @st.composite
