@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import os
-import re
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-RILLET = Path(sys.executable).with_name("rillet")
+from proc_helpers import RilletProcess  # tests/http: on the path via conftest.py
 
 # 8 query heads over 4 KV heads: TP=2 gives each rank 4 query heads and 2 KV heads
 TINY_TP: dict[str, Any] = {"num_attention_heads": 8, "num_key_value_heads": 4}
@@ -57,53 +52,4 @@ def assert_all_gone(pids: set[int], timeout: float = 10.0) -> None:
     assert not left, f"processes left behind: {left}"
 
 
-class Rillet:
-    """`rillet <command> ...` as a subprocess; stderr collected on a thread."""
-
-    def __init__(self, command: str, *sets: str, env: dict[str, str] | None = None) -> None:
-        args = [str(RILLET), command]
-        if command == "serve":
-            args += ["--port", "0"]
-        for s in sets:
-            args += ["--set", s]
-        self.proc = subprocess.Popen(
-            args, stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, **(env or {})}
-        )
-        self.pid = self.proc.pid
-        self.lines: list[str] = []
-        self.host, self.port = "127.0.0.1", 0
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            m = re.search(r"listening on http://[^:]+:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-            self.lines.append(line)
-
-    @property
-    def log(self) -> str:
-        return "".join(self.lines)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def wait_for_line(self, text: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not any(text in line for line in self.lines):
-            assert self.proc.poll() is None, self.log
-            assert time.monotonic() < deadline, self.log
-            time.sleep(0.05)
-
-    def wait(self, timeout: float) -> int:
-        code = self.proc.wait(timeout)
-        self._reader.join(5)
-        return code
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+Rillet = RilletProcess  # `rillet serve` / `rillet worker` with the sets a test gives

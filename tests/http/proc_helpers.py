@@ -14,21 +14,24 @@ REPO = Path(__file__).resolve().parents[2]  # tests/http/proc_helpers.py
 RILLET = Path(sys.executable).with_name("rillet")
 
 
-class ServeProcess:
-    def __init__(self, *sets: str, env: dict[str, str] | None = None, ready: bool = True) -> None:
-        args = [str(RILLET), "serve", "--port", "0", "--set", "model.kind=synthetic"]
+class RilletProcess:
+    """`rillet <command> --set ...` as a subprocess; stderr collected on a thread, the port read
+    from the server's "listening on" line."""
+
+    def __init__(self, command: str, *sets: str, env: dict[str, str] | None = None) -> None:
+        args = [str(RILLET), command]
+        if command == "serve":
+            args += ["--port", "0"]
         for s in sets:
             args += ["--set", s]
         self.proc = subprocess.Popen(
             args, stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, **(env or {})}
         )
+        self.pid = self.proc.pid
         self.lines: list[str] = []
-        self.port = 0
-        self.host = "127.0.0.1"
+        self.host, self.port = "127.0.0.1", 0
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        if ready:
-            self.wait_for_line("ready: serving", 180)  # a hang bound: a loaded box starts slowly
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
@@ -37,6 +40,10 @@ class ServeProcess:
             if m:
                 self.port = int(m.group(1))
             self.lines.append(line)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
 
     @property
     def root_url(self) -> str:
@@ -62,3 +69,13 @@ class ServeProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+class ServeProcess(RilletProcess):
+    """`rillet serve` on the synthetic model unless `sets` say otherwise; by default, returned
+    once the server is ready."""
+
+    def __init__(self, *sets: str, env: dict[str, str] | None = None, ready: bool = True) -> None:
+        super().__init__("serve", "model.kind=synthetic", *sets, env=env)
+        if ready:
+            self.wait_for_line("ready: serving", 180)  # a hang bound: a loaded box starts slowly
