@@ -31,7 +31,7 @@ def default_engine() -> Iterator[Any]:
     """The real default model (SmolLM2-135M, fp32 CPU): keep max_tokens small."""
     from rillet.core.engine import Engine
 
-    # quantization pinned to none: the default (auto) would run this model as int4 / bf16
+    # quantization pinned to none: the default (auto) would run this model with int4 weights
     overrides = ["model.quantization=none", "model.max_model_len=512", "scheduler.max_num_seqs=8"]
     engine = Engine(load_config(None, overrides))
     engine.start()
