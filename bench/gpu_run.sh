@@ -77,5 +77,10 @@ python3 -c "import rillet.core.engine, rillet.http.server, orjson, gguf" || {
   echo "gpu_run: rillet or its dependencies do not import" >&2
   exit 2
 }
+if [ "${1:-}" = --profile ]; then  # bench/gpu_profile.py: where the 7B step's GPU time goes
+  shift
+  python3 bench/gpu_profile.py --out "$out/gpu_profile.json" "$@" 2>&1 | tee "$out/gpu_profile.log"
+  exit "${PIPESTATUS[0]}"
+fi
 python3 bench/gpu_check.py --out "$out/gpu_check.json" "$@" 2>&1 | tee "$out/gpu_check.log"
 exit "${PIPESTATUS[0]}"
