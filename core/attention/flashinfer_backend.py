@@ -9,11 +9,14 @@ layout and calls plan() on exactly one wrapper:
 Graph wrappers share one set of fixed indptr / indices / last_page_len buffers (only one is planned
 per step, and a captured graph reads the same addresses at replay, after a fresh plan()).
 
-`forward` calls a torch custom op, opaque to torch.compile, that writes the new K/V at
-slot_mapping and runs the planned wrapper. The op declares no mutated arguments on purpose: the
-KV cache (2 x layers tensors) is state the compiler must not functionalize,
-which risks copies of the cache; the write happens inside the op, in stream order, the way vLLM
-keeps the cache out of its compiled graph. Verified on CPU with inductor: no copy, writes land.
+`forward` makes q contiguous (traced: in a compiled step the copy fuses into RoPE's kernel), then
+calls a torch custom op, opaque to torch.compile, that writes the new K/V at slot_mapping and runs
+the planned wrapper. The op declares no mutated arguments on purpose: the KV cache (2 x layers
+tensors) is state the compiler must not functionalize. Measured on the H200 (7B shape,
+bench/gpu_profile.py): with the write traced instead, Inductor on CUDA did not re-inplace it and
+copied each layer's whole K and V cache every step (12 ms of a 17 ms batch-1 step; on CPU it had
+written in place). The write happens inside the op, in stream order, the way vLLM keeps the cache
+out of its compiled graph.
 
 flashinfer is imported in the constructor, so importing this module never needs it.
 """
@@ -187,7 +190,7 @@ class FlashInferAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:  # [T, Hq, D]
         if abs(scale - self.sm_scale) > 1e-6 * self.sm_scale:
             raise ValueError(f"flashinfer backend planned sm_scale {self.sm_scale}, forward got {scale}")
-        return self._op(q, k, v, k_cache, v_cache, meta.slot_mapping)
+        return self._op(q.contiguous(), k, v, k_cache, v_cache, meta.slot_mapping)
 
     def attend(
         self,
@@ -204,7 +207,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         # slot_mapping >= 0: begin_step clamped it
         k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
         v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
-        out: torch.Tensor = self._active.run(q.contiguous(), (k_cache, v_cache))
+        out: torch.Tensor = self._active.run(q.contiguous(), (k_cache, v_cache))  # no-op when traced
         return out
 
 

@@ -22,6 +22,7 @@ from rillet.core.attention.torch_backend import TorchAttentionBackend
 from rillet.graphs.interface import DecodeBatch
 from rillet.graphs.runner import mark_batch_dynamic
 from rillet.graphs.static_buffers import StaticBuffers
+from torch._inductor.utils import run_and_get_code
 
 BS = 4  # block (page) size
 HQ, HKV, D = 4, 2, 8
@@ -328,7 +329,8 @@ def test_padding_slot_minus_one_goes_to_the_dummy_block(fake_flashinfer: types.M
 
 
 def test_decode_forward_traces_fullgraph(fake_flashinfer: types.ModuleType) -> None:
-    """The model's decode step around the op compiles with no graph break, same result."""
+    """The model's decode step around the op compiles with no graph break, same result, same K/V
+    written to the cache."""
     from rillet.core.model import allocate_kv_cache, build_model
     from rillet.core.model.arch import ModelArch
 
@@ -354,11 +356,26 @@ def test_decode_forward_traces_fullgraph(fake_flashinfer: types.ModuleType) -> N
         return model(ids, pos, caches, step.meta)
 
     backend.begin_step(step.meta)
+    before = [c.clone() for kv in caches for c in kv]
     with torch.inference_mode():
         want = decode(ids, pos)
-        for compiler in ("eager", "aot_eager"):  # dynamo alone, then with the op's fake impl
-            got = torch.compile(decode, fullgraph=True, dynamic=False, backend=compiler)(ids, pos)
+        written = [c.clone() for kv in caches for c in kv]
+        for compiler in ("eager", "aot_eager", "inductor"):  # dynamo, the op's fake impl, Inductor
+            for c, b in zip((c for kv in caches for c in kv), before, strict=True):
+                c.copy_(b)
+            fn = torch.compile(decode, fullgraph=True, dynamic=False, backend=compiler)
+            if compiler == "inductor":
+                got, code = run_and_get_code(fn, ids, pos)
+                # the op writes K/V in place: no buffer of the cache's size (41 blocks) is ever
+                # allocated, the cache is never copied (a write traced into the graph was
+                # re-inplaced on CPU but copied whole on CUDA: core/attention/flashinfer_backend.py)
+                assert "flashinfer_attention" in code[0] and "empty_strided_cpu((41," not in code[0]
+            else:
+                got = fn(ids, pos)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            # the compiled step wrote the new K/V, and they are what the op read
+            for c, w in zip((c for kv in caches for c in kv), written, strict=True):
+                assert torch.equal(c, w), compiler
     torch._dynamo.reset()
 
 
