@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from gpu_greedy import compare_greedy
 from gpu_logits import compare_logits
 from gpu_plan import (
     B_TARGET_MS,
@@ -33,42 +34,10 @@ from rillet.core.llm import LLM, CompletionOutput
 from rillet.core.model.arch import ModelArch
 from rillet.core.sampling_params import SamplingParams
 
-
-def _lp(out: CompletionOutput, i: int) -> float | None:
-    return out.logprobs[i].logprob if out.logprobs and i < len(out.logprobs) else None
-
-
-def compare_greedy(
-    eager: Sequence[CompletionOutput], graphs: Sequence[CompletionOutput], tie_tol: float, lp_tol: float
-) -> dict[str, Any]:
-    """Token-for-token; a divergence is a tie (tolerated) when, at the first differing step, the
-    token the graphed run took was within `tie_tol` nats of eager's choice in eager's own top list.
-    Over the common prefix (same context), the chosen tokens' logprobs must agree within `lp_tol`."""
-    details: list[dict[str, Any]] = []
-    dlp = 0.0
-    for e, g in zip(eager, graphs, strict=True):
-        if e.error or g.error:
-            details.append({"kind": "error", "error": e.error or g.error})
-            continue
-        k = next((i for i, (a, b) in enumerate(zip(e.token_ids, g.token_ids, strict=False)) if a != b), None)
-        if k is None and len(e.token_ids) != len(g.token_ids):
-            k = min(len(e.token_ids), len(g.token_ids))
-        for i in range(len(e.token_ids) if k is None else k):
-            a, b = _lp(e, i), _lp(g, i)
-            if a is not None and b is not None:
-                dlp = max(dlp, abs(a - b))
-        if k is None:
-            details.append({"kind": "exact", "tokens": len(e.token_ids)})
-            continue
-        top = dict(e.logprobs[k].top) if e.logprobs and k < len(e.logprobs) else {}
-        chosen = _lp(e, k)
-        other = top.get(g.token_ids[k]) if k < len(g.token_ids) else None
-        gap = chosen - other if chosen is not None and other is not None else None
-        kind = "tie" if gap is not None and gap <= tie_tol else "mismatch"
-        details.append({"kind": kind, "step": k, "gap": gap, "tokens": len(e.token_ids)})
-    count = {k: sum(d["kind"] == k for d in details) for k in ("exact", "tie", "mismatch", "error")}
-    ok = count["mismatch"] == 0 and count["error"] == 0 and dlp <= lp_tol
-    return {**count, "prompts": len(details), "max_dlogprob": dlp, "ok": ok, "details": details}
+# ModelRunner.step on a fixed batch, synchronously: host prep, replay, logits, sample, then the
+# next step. The engine (the target's row) overlaps the host prep of step N+1 with step N's replay
+# (issue 14), so the step row only says how much host time there is to hide.
+STEP_NOTE = "runner.step, no overlap"
 
 
 def graph_stats(llm: LLM) -> dict[str, Any]:
@@ -208,10 +177,9 @@ def part_b(p: Plan, llm: Any, tb_s: float | None) -> Part:
     e = engine_decode_rate(llm, [prompt], p.b_new)
     floor = t["bytes_per_step"] / bw / 1e9
     ref, tgt = f"{floor:.2f} ms", f"<= {B_TARGET_MS} ms"
-    step_ok = t["step_ms"] <= B_TARGET_MS
-    engine_ok = e["ms_per_step"] <= B_TARGET_MS and not e["errors"]
+    engine_ok = e["ms_per_step"] <= B_TARGET_MS and not e["errors"]  # the target: decode as served
     rows = [
-        row("(b) b=1 step", f"{t['step_ms']:.2f} ms", tgt, ref, verdict(step_ok, p.judged), "runner.step"),
+        row("(b) b=1 step", f"{t['step_ms']:.2f} ms", "", ref, "INFO", STEP_NOTE),
         row(
             "(b) b=1 engine", f"{e['ms_per_step']:.2f} ms", tgt, ref, verdict(engine_ok, p.judged), "generate"
         ),
@@ -231,17 +199,9 @@ def part_c(p: Plan, llm: Any, tb_s: float | None) -> Part:
     e = engine_decode_rate(llm, prompts, p.c_new)
     engine_tok_s = e["tok_s"] or 0.0
     ref, tgt, name = f"{bound:.0f} tok/s", f">= {C_TARGET_TOK_S:.0f}", f"(c) b={p.c_rows}"
-    step_ok = step_tok_s >= C_TARGET_TOK_S
     engine_ok = engine_tok_s >= C_TARGET_TOK_S and not e["errors"]
     rows = [
-        row(
-            f"{name} step",
-            f"{step_tok_s:.0f} tok/s",
-            tgt,
-            ref,
-            verdict(step_ok, p.judged),
-            f"ctx {p.c_context}",
-        ),
+        row(f"{name} step", f"{step_tok_s:.0f} tok/s", "", ref, "INFO", f"ctx {p.c_context}; {STEP_NOTE}"),
         row(
             f"{name} engine", f"{engine_tok_s:.0f} tok/s", tgt, ref, verdict(engine_ok, p.judged), "generate"
         ),

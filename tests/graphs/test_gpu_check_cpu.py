@@ -20,8 +20,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import gpu_check
 import gpu_plan
+from gpu_greedy import compare_greedy, rejudge
 from gpu_logits import logit_stats
-from gpu_parts import compare_greedy
 from rillet.core.config import load_config
 from rillet.core.llm import CompletionOutput
 from rillet.core.request import TokenLogprob
@@ -165,6 +165,29 @@ def test_compare_greedy_tells_ties_from_mismatches() -> None:
     assert not compare_greedy([eager], [same], 0.1, 0.001)["ok"]  # logprobs drifted
     failed = CompletionOutput(0, error="model step failed")
     assert compare_greedy([eager], [failed], 0.1, 0.25)["error"] == 1
+
+
+def test_rejudge_widens_ties_to_the_measured_bf16_noise() -> None:
+    """A gap beyond 0.1 nats but inside transformers' own bf16 logit error counts as a tie; one
+    beyond that error stays a mismatch; without the logits part nothing changes."""
+    top = [[(5, -1.0), (6, -1.3)], [(7, -0.5), (8, -3.0)]]
+    eager = _out([5, 7], [-1.0, -0.5], top)
+    near = _out([6, 1], [-1.3, -1.0], top)  # 0.3 nats behind
+    far = _out([7, 8], [-0.5, -3.0], [top[1], top[1]])  # diverges at step 1, 2.5 nats behind
+    r = compare_greedy([eager, eager], [near, _out([5, 8], [-1.0, -3.0], top)], 0.1, 0.25)
+    assert (r["tie"], r["mismatch"]) == (0, 2) and far.token_ids
+    parts = {"(a) greedy 7B": {"status": "OK", "replays": 3, **r}}
+    rows = [{"part": "(a) greedy 7B", "measured": "", "verdict": "FAIL", "note": ""}]
+    rejudge(parts, rows, "7B", judged=True)  # no logits part: unchanged
+    assert rows[0]["verdict"] == "FAIL" and parts["(a) greedy 7B"]["mismatch"] == 2
+    parts["(a) logits 7B"] = {"status": "OK", "hf_bf16_vs_fp32": {"max_abs": 0.5}}
+    rejudge(parts, rows, "7B", judged=True)
+    g = parts["(a) greedy 7B"]
+    assert (g["tie"], g["mismatch"], g["ok"], g["tie_tol"]) == (1, 1, False, 0.5)
+    assert rows[0]["verdict"] == "FAIL" and rows[0]["measured"] == "0/2 exact, 1 ties"
+    parts["(a) logits 7B"]["hf_bf16_vs_fp32"]["max_abs"] = 3.0
+    rejudge(parts, rows, "7B", judged=True)
+    assert parts["(a) greedy 7B"]["ok"] and rows[0]["verdict"] == "PASS"
 
 
 def test_logit_stats_sees_a_wrong_model() -> None:
