@@ -214,9 +214,15 @@ class StructuredConfig:
     cache_size: int = 128  # compiled grammars kept (least recently used dropped first)
     # A grammar (JSON Schema, tools) whose compile takes longer is refused with a 400.
     compile_timeout_s: float = 5.0
+    # Plain greedy rows sample unmasked and fill a mask only when the grammar refuses the token
+    # (same tokens as a full mask; core/structured/masks.py). auto = on for CPU models, where the
+    # fill's CPU time comes out of the forward's; off on CUDA (spare cores fill during the forward,
+    # and the check would read the tokens back every step).
+    lazy_masks: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:
         _check(self.cache_size >= 1, "structured.cache_size", "must be >= 1")
+        _check(self.lazy_masks in ("auto", "on", "off"), "structured.lazy_masks", "must be auto, on or off")
         _check(self.compile_timeout_s > 0, "structured.compile_timeout_s", "must be > 0")
 
 

@@ -25,11 +25,11 @@ import torch
 
 from .request import Sequence
 from .sample_output import DeviceSample, SampleResult, pack_logprobs
+from .sampling_params import GREEDY_EPS
 from .structured.masks import PendingMask
 
 __all__ = ["DeviceSample", "SampleResult", "Sampler"]
 
-GREEDY_EPS = 1e-5  # temperatures below this are greedy (dividing by them overflows float32)
 _TOP_P_OFF = 2.0  # above any cumulative sum, so rounding past 1.0 never drops tail tokens
 _CPU_PREFIX = 1024  # on CPU, top-p first tries the best 1024 tokens instead of sorting all
 
@@ -178,9 +178,10 @@ class Sampler:
         outputs with the pending one); penalised and grammar-constrained rows also read the output
         ids, so the engine lands the step in flight before it schedules them (core/overlap.py)."""
         if mask is not None:
-            logits = mask.apply(logits)  # a masked copy
+            logits = mask.apply(logits)  # a masked copy (of the rows filled up front)
         if all(self._plain_greedy(s) for s in seqs):
-            return DeviceSample(logits.argmax(dim=-1))
+            tokens = logits.argmax(dim=-1)
+            return DeviceSample(tokens if mask is None else mask.fix_lazy(logits, tokens))
         logits = logits.to(torch.float32, copy=True)
         self._penalise(logits, seqs)
         self._mask_min_tokens(logits, seqs)
@@ -190,6 +191,8 @@ class Sampler:
             index = self._index(lp_rows)
             logprobs = logits[index].log_softmax(dim=-1)  # [L, V]
         tokens = self._choose(logits, seqs)  # [B] long
+        if mask is not None:  # lazy rows are plain greedy: nothing above changed their logits
+            tokens = mask.fix_lazy(logits, tokens)
         if logprobs is None:
             return DeviceSample(tokens)
         return pack_logprobs(tokens, logprobs, lp_rows, seqs, index)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from .structured.spec import GrammarSpec
 
+GREEDY_EPS = 1e-5  # temperatures below this are greedy (dividing by them overflows float32)
 MAX_LOGPROBS = 20
 
 

@@ -8,6 +8,16 @@ worker thread. llguidance fills with the GIL released, so the fill overlaps the 
 calls `PendingMask.apply(logits)`, which waits for the fill and masks those rows only; rows without
 a grammar are never touched. Masks are applied to the logits after the model (outside any compiled
 or captured graph), so they compose with compiled and graphed decode steps.
+
+Lazy rows (`lazy=True`, `structured.lazy_masks`): a plain greedy row (no logprobs, penalties or
+active min_tokens) gets no mask up front. The sampler takes its unmasked argmax and
+`PendingMask.fix_lazy` asks the matcher whether that token is allowed (`validate_tokens`, a few
+microseconds); only when it is not is the row's mask filled and the argmax taken again over the
+allowed tokens. The token is the same as with a full mask: the masked argmax equals the unmasked
+one whenever the unmasked one is allowed (ties included: argmax takes the first maximum either
+way). llama.cpp's sampler checks its grammar the same way. It saves the fill's CPU time, which
+on a CPU model is taken from the forward's threads; the price is a device->host read of the
+tokens, so `auto` keeps it off on CUDA.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import numpy as np
 import torch
 
 from ..request import Sequence
+from ..sampling_params import GREEDY_EPS
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +49,52 @@ class MaskStats:
     fill_s: float = 0.0  # filling bitmasks (on the worker thread when overlapped)
     wait_s: float = 0.0  # the sampler waiting for a fill still running after the forward
     apply_s: float = 0.0  # unpacking the bits and masking the logits
+    lazy_rows: int = 0  # rows sampled unmasked first (lazy masks)
+    lazy_misses: int = 0  # ... whose token the grammar refused: masked and sampled again
+    check_s: float = 0.0  # validating lazy rows' tokens, and filling the misses' masks
 
 
 class PendingMask:
     """The bitmask of one step's constrained rows, possibly still being filled."""
 
     def __init__(
-        self, rows: list[int], bits: torch.Tensor, fill: Future[None] | None, stats: MaskStats
+        self,
+        rows: list[int],
+        bits: torch.Tensor,
+        fill: Future[None] | None,
+        stats: MaskStats,
+        lazy: list[tuple[int, Any]] | None = None,
+        filler: MaskFiller | None = None,
     ) -> None:
         self.rows = rows  # row of the step's logits for each bitmask row
         self.bits = bits  # [R, W] int32
+        self.lazy = lazy or []  # (row of the step's logits, llguidance matcher): checked after sampling
         self._fill = fill
         self._stats = stats
+        self._filler = filler
+
+    def fix_lazy(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [S] (argmax of `logits` on the lazy rows) -> the same with every refused lazy
+        row's token replaced by its argmax over the tokens its grammar allows."""
+        if not self.lazy:
+            return tokens
+        assert self._filler is not None
+        t0 = time.perf_counter()
+        chosen = tokens.tolist()
+        vocab = self._filler.vocab_size
+        misses = [(i, m) for i, m in self.lazy if chosen[i] >= vocab or m.validate_tokens([chosen[i]]) != 1]
+        self._stats.lazy_rows += len(self.lazy)
+        if misses:
+            self._stats.lazy_misses += len(misses)
+            bits = torch.empty(len(misses), self._filler.words, dtype=torch.int32)
+            self._filler.fill_now([(m, j) for j, (_, m) in enumerate(misses)], bits)
+            index = torch.tensor([i for i, _ in misses], dtype=torch.long, device=logits.device)
+            allowed = _fit(_unpack(bits, logits.device), logits.shape[1])
+            masked = torch.where(allowed, logits.index_select(0, index), float("-inf"))
+            tokens = tokens.clone()
+            tokens[index] = masked.argmax(dim=-1).to(tokens.dtype)
+        self._stats.check_s += time.perf_counter() - t0
+        return tokens
 
     def wait(self) -> None:
         if self._fill is not None:
@@ -67,19 +112,25 @@ class PendingMask:
         return out
 
     def _masked(self, logits: torch.Tensor) -> torch.Tensor:
-        device, width = logits.device, logits.shape[1]
-        allowed = _unpack(self.bits, device)  # [R, 32W] bool
-        if allowed.shape[1] >= width:
-            allowed = allowed[:, :width]
-        else:  # logits wider than the grammar's vocabulary: the extra ids are never allowed
-            pad = torch.zeros(len(self.rows), width - allowed.shape[1], dtype=torch.bool, device=device)
-            allowed = torch.cat([allowed, pad], dim=1)
+        device = logits.device
+        if not self.rows:  # lazy rows only
+            return logits
+        allowed = _fit(_unpack(self.bits, device), logits.shape[1])  # [R, V] bool
         if len(self.rows) == logits.shape[0]:  # every row constrained (rows are 0..S-1 in order)
             return torch.where(allowed, logits, float("-inf"))
         index = torch.tensor(self.rows, dtype=torch.long, device=device)
         out = logits.clone()
         out[index] = torch.where(allowed, logits.index_select(0, index), float("-inf"))
         return out
+
+
+def _fit(allowed: torch.Tensor, width: int) -> torch.Tensor:
+    """[R, 32W] bool -> [R, width]: logits wider than the grammar's vocabulary never allow the
+    extra ids."""
+    if allowed.shape[1] >= width:
+        return allowed[:, :width]
+    pad = torch.zeros(allowed.shape[0], width - allowed.shape[1], dtype=torch.bool, device=allowed.device)
+    return torch.cat([allowed, pad], dim=1)
 
 
 def _unpack(bits: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -95,8 +146,10 @@ def _unpack(bits: torch.Tensor, device: torch.device) -> torch.Tensor:
 class MaskFiller:
     """Starts each step's mask fill; one worker thread, so fills never overlap each other."""
 
-    def __init__(self, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
+    def __init__(self, vocab_size: int, eos_token_ids: tuple[int, ...], lazy: bool = False) -> None:
         import llguidance
+
+        self.lazy = lazy  # plain greedy rows: mask only when the unmasked argmax is refused
 
         self.vocab_size = vocab_size  # = the grammar tokenizer's n_vocab
         self.words = (vocab_size + 31) // 32
@@ -112,23 +165,39 @@ class MaskFiller:
             return None
         self.stats.steps += 1
         self.stats.rows += len(rows)
-        bits = torch.empty(len(rows), self.words, dtype=torch.int32)
-        work: list[tuple[Any, int]] = []
-        for j, i in enumerate(rows):
+        lazy: list[tuple[int, Any]] = []
+        for i in rows:
             g = seqs[i].grammar
             assert g is not None
             try:
                 g.sync(seqs[i].output_ids)
             except Exception:  # the engine fails the request on its own accept; here: EOS only
                 log.debug("grammar of sequence %d is broken", seqs[i].seq_id, exc_info=True)
+            if self.lazy and not g.failed and _plain_greedy(seqs[i]):
+                lazy.append((i, g.matcher))
+        if lazy:
+            self.stats.rows -= len(lazy)
+            taken = {i for i, _ in lazy}
+            rows = [i for i in rows if i not in taken]
+        bits = torch.empty(len(rows), self.words, dtype=torch.int32)
+        work: list[tuple[Any, int]] = []
+        for j, i in enumerate(rows):
+            g = seqs[i].grammar
+            assert g is not None
             if g.failed:
                 self._eos_only(bits[j])
             else:
                 work.append((g.matcher, j))
+        fill = None
         if len(work) < _INLINE_ROWS:
             self._fill(work, bits)
-            return PendingMask(rows, bits, None, self.stats)
-        return PendingMask(rows, bits, self._pool.submit(self._fill, work, bits), self.stats)
+        else:
+            fill = self._pool.submit(self._fill, work, bits)
+        return PendingMask(rows, bits, fill, self.stats, lazy, self)
+
+    def fill_now(self, work: list[tuple[Any, int]], bits: torch.Tensor) -> None:
+        """Fill `bits` rows for (matcher, row) pairs on this thread (a lazy row's miss)."""
+        self._executor.unsafe_compute_mask_ptr(work, bits.data_ptr(), self.words * 4, bits.shape[0])
 
     def _fill(self, work: list[tuple[Any, int]], bits: torch.Tensor) -> None:
         if work:
@@ -144,3 +213,14 @@ class MaskFiller:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+
+
+def _plain_greedy(seq: Sequence) -> bool:
+    """A row whose token is the argmax of its (masked) logits and nothing else is read from them."""
+    p = seq.params
+    return (
+        p.temperature < GREEDY_EPS
+        and p.logprobs is None
+        and not p.has_penalties
+        and seq.num_generated >= p.min_tokens
+    )

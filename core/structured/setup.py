@@ -26,5 +26,7 @@ def attach_structured(
         return None, "structured outputs need a real model (not the synthetic one)"
     eos = tokenizer.eos_token_ids
     compiler = GrammarCompiler(tokenizer.backend_json(), vocab_size, eos, cfg.cache_size)
-    runner.masks = MaskFiller(vocab_size, eos)
+    lazy = cfg.lazy_masks == "on" or (cfg.lazy_masks == "auto" and runner.device.type == "cpu")
+    runner.masks = MaskFiller(vocab_size, eos, lazy=lazy)
+    log.info("structured outputs: llguidance, lazy masks for greedy rows %s", "on" if lazy else "off")
     return compiler, ""

@@ -104,6 +104,42 @@ def test_masks_touch_constrained_rows_only(compiler: GrammarCompiler, tok: Token
     filler.close()
 
 
+@pytest.mark.parametrize("rows", [3, 8])
+def test_lazy_masks_give_the_tokens_of_full_masks(
+    compiler: GrammarCompiler, tok: Tokenizer, rows: int
+) -> None:
+    """Greedy rows: unmasked argmax kept when the grammar allows it, else the masked argmax; the
+    tokens equal a full mask's, on logits whose argmax is allowed in some rows and not in others.
+    Rows with logprobs stay on the full mask (their logprobs must be masked ones)."""
+    full, lazy = MaskFiller(49152, tok.eos_token_ids), MaskFiller(49152, tok.eos_token_ids, lazy=True)
+    prefix = tok.encode('{"n": ', add_special_tokens=False)
+    digit = tok.encode("7", add_special_tokens=False)[0]
+    gen = torch.Generator().manual_seed(rows)
+    logits = torch.randn(rows, 49152, generator=gen)
+    logits[::2, digit] = 50.0  # even rows: the unmasked argmax is an allowed digit; odd: refused
+    sampler = Sampler(49152, tok.eos_token_ids, torch.device("cpu"))
+
+    def seqs(logprobs_row: int | None) -> list[Sequence]:
+        out = [_seq(i, compiler.matcher(SPEC) if i != 0 else None, prefix) for i in range(rows)]
+        if logprobs_row is not None:
+            out[logprobs_row].params = SamplingParams(temperature=0.0, logprobs=2)
+        return out
+
+    misses = 0
+    for lp_row in (None, rows - 1):
+        want = sampler.sample(logits, s := seqs(lp_row), full.begin(s)).token_ids
+        pending = lazy.begin(s2 := seqs(lp_row))
+        assert pending is not None
+        lazy_rows = [i for i in range(1, rows) if i != lp_row]
+        assert [i for i, _ in pending.lazy] == lazy_rows and pending.rows == ([lp_row] if lp_row else [])
+        got = sampler.sample(logits, s2, pending).token_ids
+        assert got == want
+        misses += sum(i % 2 for i in lazy_rows)
+    assert lazy.stats.lazy_misses == misses > 0 and lazy.stats.lazy_rows > misses
+    full.close()
+    lazy.close()
+
+
 def test_close_objects() -> None:
     closed = close_objects(
         {"type": "object", "properties": {"a": {"properties": {}}}, "$defs": {"d": {"properties": {}}}}
@@ -142,7 +178,12 @@ DOC = {
 
 
 def _generate(
-    cache: dict[str, Any], prompts: list[str], counter: list[int] | None = None, overlap: str = "off"
+    cache: dict[str, Any],
+    prompts: list[str],
+    counter: list[int] | None = None,
+    overlap: str = "off",
+    lazy_masks: str = "auto",
+    stats: list[Any] | None = None,
 ) -> list[str]:
     params = SamplingParams(
         max_tokens=120, temperature=0.0, grammar=GrammarSpec("json_schema", json.dumps(DOC))
@@ -152,8 +193,11 @@ def _generate(
         "cache": cache,
         "graphs": {"compile_mode": "none"},
         "engine": {"overlap": overlap},
+        "structured": {"lazy_masks": lazy_masks},
     }
     with LLM(config_from_dict(sections)) as llm:
+        masks = llm.engine.runtime.runner.masks
+        assert masks is not None and masks.lazy == (lazy_masks != "off")  # auto: on for CPU
         if counter is not None:
             # all prompts admitted together (first step held until they are in): the small pool
             # then preempts by block arithmetic, not because this machine added them fast enough
@@ -166,6 +210,8 @@ def _generate(
 
             llm.engine.core.scheduler._preempt = counting.__get__(llm.engine.core.scheduler)  # type: ignore[method-assign]
         outs = llm.generate(prompts, params)
+        if stats is not None:
+            stats.append(masks.stats)
     return [o.outputs[0].text for o in outs]
 
 
@@ -188,3 +234,14 @@ def test_overlapped_engine_runs_grammar_rows_exactly() -> None:
     prompts = [f"Item list number {i}, please." for i in range(3)]
     cache = {"num_blocks": 256, "block_size": 16, "prefix_caching": False}
     assert _generate(cache, prompts, overlap="on") == _generate(cache, prompts, overlap="off")
+
+
+def test_lazy_masks_keep_the_tokens_of_full_masks() -> None:
+    # random weights: the unmasked argmax is almost always refused, so this runs the miss branch
+    # on every row and step (the unit test above runs both branches)
+    prompts = [f"Item list number {i}, please." for i in range(5)]
+    cache = {"num_blocks": 256, "block_size": 16, "prefix_caching": False}
+    stats: list[Any] = []
+    lazy = _generate(cache, prompts, lazy_masks="on", stats=stats)
+    assert lazy == _generate(cache, prompts, lazy_masks="off")
+    assert stats[0].lazy_misses > 0 and stats[0].rows == 0  # every row lazy, none filled up front
