@@ -14,6 +14,7 @@ it + unpacking and applying the bits. Target (issue 15): constrained >= 0.9x unc
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import peak_rss_mib, table, write_json
+from common import decode_path, peak_rss_mib, table, write_json
 from rillet.core.config import config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.sampling_params import SamplingParams
@@ -62,17 +63,17 @@ def run_once(llm: LLM, batch: int, tokens: int, constrained: bool, offset: int) 
     grammar = GrammarSpec("json_schema", json.dumps(SCHEMA)) if constrained else None
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=not constrained, grammar=grammar)
     masks = llm.engine.core.runner.masks  # type: ignore[attr-defined]
-    before = (masks.stats.steps, masks.stats.fill_s, masks.stats.wait_s, masks.stats.apply_s)
+    names = ("steps", "fill_s", "wait_s", "apply_s", "check_s", "lazy_rows", "lazy_misses")
+    before = dataclasses.asdict(masks.stats)
     t0 = time.perf_counter()
     outs = llm.generate(prompts(batch, offset), params)
     dt = time.perf_counter() - t0
     n = sum(len(o.outputs[0].token_ids) for o in outs)
-    steps = masks.stats.steps - before[0]
+    delta = {k: getattr(masks.stats, k) - before[k] for k in names}
+    steps = delta["steps"]
 
-    def per_step(i: int) -> float:
-        return (
-            (getattr(masks.stats, ("fill_s", "wait_s", "apply_s")[i - 1]) - before[i]) / max(steps, 1) * 1000
-        )
+    def per_step(name: str) -> float:
+        return delta[name] / max(steps, 1) * 1000
 
     if constrained:
         for o in outs:  # the grammar never let a row end early
@@ -81,9 +82,12 @@ def run_once(llm: LLM, batch: int, tokens: int, constrained: bool, offset: int) 
         "tok_s": n / dt,
         "tokens": n,
         "mask_steps": steps,
-        "fill_ms": per_step(1),
-        "wait_ms": per_step(2),
-        "apply_ms": per_step(3),
+        "fill_ms": per_step("fill_s"),
+        "wait_ms": per_step("wait_s"),
+        "apply_ms": per_step("apply_s"),
+        "check_ms": per_step("check_s"),  # lazy rows: validating tokens, filling the misses
+        "lazy_rows": delta["lazy_rows"],
+        "lazy_misses": delta["lazy_misses"],
     }
 
 
@@ -102,6 +106,7 @@ def main() -> None:
         assert llm.engine.grammars is not None, (
             "llguidance is not installed (pip install 'rillet[structured]')"
         )
+        path = decode_path(llm)  # the compiled step is built in the background: measure what stays
         run_once(llm, 4, 8, True, 10_000)  # warm-up: grammar tokenizer, compile, first steps
         run_once(llm, 4, 8, False, 10_001)
         for batch in a.batch:
@@ -114,6 +119,7 @@ def main() -> None:
             free = statistics.median(x["tok_s"] for x in runs[False])
             con = statistics.median(x["tok_s"] for x in runs[True])
             m = runs[True]
+            misses = sum(x["lazy_misses"] for x in m)
             rows.append(
                 {
                     "batch": batch,
@@ -123,6 +129,8 @@ def main() -> None:
                     "fill_ms_per_step": statistics.median(x["fill_ms"] for x in m),
                     "wait_ms_per_step": statistics.median(x["wait_ms"] for x in m),
                     "apply_ms_per_step": statistics.median(x["apply_ms"] for x in m),
+                    "check_ms_per_step": statistics.median(x["check_ms"] for x in m),
+                    "lazy_miss_rate": misses / max(1, sum(x["lazy_rows"] for x in m)),
                     "step_ms": 1000 * batch / con,
                     "runs": runs[False] + runs[True],
                 }
@@ -131,7 +139,14 @@ def main() -> None:
     for row in rows:
         row["peak_rss_mib"] = rss
     write_json(
-        a.out, {"tokens": a.tokens, "rounds": a.rounds, "threads": torch.get_num_threads(), "rows": rows}
+        a.out,
+        {
+            "tokens": a.tokens,
+            "rounds": a.rounds,
+            "threads": torch.get_num_threads(),
+            "decode": path,
+            "rows": rows,
+        },
     )
     cols = [
         "batch",
@@ -141,6 +156,8 @@ def main() -> None:
         "fill_ms_per_step",
         "wait_ms_per_step",
         "apply_ms_per_step",
+        "check_ms_per_step",
+        "lazy_miss_rate",
         "step_ms",
         "peak_rss_mib",
     ]
