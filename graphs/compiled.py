@@ -128,15 +128,25 @@ class CompiledDecode:
         self.seconds: dict[str, float] = {}
         self._thread: threading.Thread | None = None
         self._done = threading.Event()
+        self._stopping = threading.Event()
 
     def start(self, background: bool = True) -> None:
         if background:
-            # not a daemon: interpreter exit waits for a compile in flight (one killed inside
-            # Inductor's C++ aborts the process)
-            self._thread = threading.Thread(target=self._run, name="rillet-compile")
+            # not a daemon, said explicitly (a thread inherits its starter's flag, and the engine
+            # thread that starts this one is a daemon): interpreter exit must wait for a compile
+            # in flight, since one cut off inside Inductor aborts the process at exit ("terminate
+            # called without an active exception", exit status 134). stop() shortens that wait.
+            self._thread = threading.Thread(target=self._run, name="rillet-compile", daemon=False)
             self._thread.start()
         else:
             self._run()
+
+    def stop(self) -> None:
+        """The engine is closing: compile nothing more. A compile in flight cannot be interrupted;
+        the thread ends after it (at most one graph's compile, ~50 s cold on 2 cores)."""
+        self._stopping.set()
+        if self._thread is not None and self._thread.is_alive():
+            logger.info("closing: the decode step's compile in flight finishes first (not interruptible)")
 
     def wait(self, timeout: float | None = None) -> bool:
         """True once compiling has finished (ready, or given up)."""
@@ -164,7 +174,10 @@ class CompiledDecode:
         except Exception as exc:  # a compile error must not take the server down: stay eager
             lines = str(exc).strip().splitlines()
             self.failed = f"{type(exc).__name__}: {lines[0] if lines else ''}"
-            logger.warning("compiled decode off, serving eager: compile failed (%s)", self.failed)
+            if self._stopping.is_set():  # the engine closed under it (its runtime is going away)
+                logger.debug("compile ended with the engine: %s", self.failed)
+            else:
+                logger.warning("compiled decode off, serving eager: compile failed (%s)", self.failed)
         finally:
             self._done.set()
 
@@ -173,12 +186,14 @@ class CompiledDecode:
         logger.info("compiling the decode step (torch.compile, mode %s) in the background", self.compile_mode)
         batch = self._warm.padding(COMPILE_ROWS, COMPILE_WIDTH)
         mark_batch_dynamic(batch, width=True, strict=True)
+        if self._stopping.is_set():
+            return
         self._timed("batch 2+", batch)
-        if self.check_faster and not self._faster(batch):
+        if self._stopping.is_set() or (self.check_faster and not self._faster(batch)):
             return
         self.ready = True
         logger.info("decode step: compiled graph in use (batch 1 runs as 2 rows until its own graph)")
-        if self.with_batch_1:
+        if self.with_batch_1 and not self._stopping.is_set():
             one = self._warm.padding(1, COMPILE_WIDTH)
             mark_batch_dynamic(one, width=True, strict=True)
             self._timed("batch 1", one)

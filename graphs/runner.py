@@ -117,6 +117,11 @@ class GraphRunner:
         if self.compiled is not None:
             self.compiled.start(background)
 
+    def stop(self) -> None:
+        """The engine is closing: no more background compiling (see CompiledDecode.stop)."""
+        if self.compiled is not None:
+            self.compiled.stop()
+
     def takes(self, b: int) -> bool:
         """Whether run() would give a b-row step a graph (or the padded path): otherwise the
         caller may as well run its own eager forward."""

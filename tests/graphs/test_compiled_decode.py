@@ -307,3 +307,46 @@ def test_compile_thread_runs_at_a_lower_priority() -> None:
     t.join()
     assert seen == [min(19, mine + COMPILE_NICE)]
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+
+
+class _BlockingModel:
+    """A model whose first forward blocks until released: a compile in flight."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.calls = 0
+
+    def prepare_decode(self, batch: DecodeBatch) -> None:
+        pass
+
+    def forward_decode(self, batch: DecodeBatch) -> torch.Tensor:
+        self.calls += 1
+        self.entered.set()
+        assert self.release.wait(30)
+        return torch.zeros(batch.num_rows, 4)
+
+
+def test_closing_mid_compile_waits_for_it_and_compiles_nothing_more() -> None:
+    """The compile thread is not a daemon even when a daemon (the engine thread) starts it, so
+    interpreter exit waits for it instead of cutting Inductor off (measured: exit status 134,
+    "terminate called without an active exception"); stop() ends it after the phase in flight."""
+    import threading
+
+    from rillet.graphs.compiled import CompiledDecode
+
+    model = _BlockingModel()
+    cd = CompiledDecode(
+        model, "none", max_blocks_per_seq=4, device=torch.device("cpu"), check_faster=True, with_batch_1=True
+    )
+    starter = threading.Thread(target=cd.start, daemon=True)  # as the engine thread does
+    starter.start()
+    starter.join()
+    assert model.entered.wait(30)
+    assert cd._thread is not None and not cd._thread.daemon
+    cd.stop()
+    model.release.set()
+    assert cd.wait(30)
+    # the phase in flight finished; neither the speed check nor the batch-1 graph ran
+    assert model.calls == 1 and not cd.ready and not cd.ready_1
