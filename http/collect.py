@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rillet.core.outputs import SeqDelta
 from rillet.core.request import TokenLogprob
 
 from .chunks import Usage
-from .errors import finish_failure
+from .errors import ApiError, finish_failure
 from .logprobs import CompletionLogprobs, TokenTexts, chat_entries
 from .stream_state import RequestStream
 from .tool_calls import new_call_id, parse_all
@@ -25,26 +26,48 @@ class ChoiceResult:
         return "".join(self.texts)
 
 
-async def collect(stream: RequestStream, usage: Usage, want_logprobs: bool) -> list[ChoiceResult]:
-    """Waits for every choice to end; raises the request's ApiError if it failed."""
-    results = [ChoiceResult(logprobs=[] if want_logprobs else None) for _ in range(stream.num_choices)]
-    while True:
-        await stream.wait()
-        for d in stream.take():
-            usage.update(d.index, d.completion_tokens, d.cached_tokens)
-            r = results[d.index]
-            r.texts.append(d.text)
-            if d.logprobs is not None and r.logprobs is not None:
-                r.logprobs.extend(d.logprobs)
-            if d.finish_reason is not None:
-                failure = finish_failure(d.finish_reason, d.error)
-                if failure is not None:
-                    raise failure
+class _Collector:
+    """Folds one request's deltas into its choices' results as they arrive (a stream's sink)."""
+
+    __slots__ = ("failure", "results", "usage")
+
+    def __init__(self, num_choices: int, usage: Usage, want_logprobs: bool) -> None:
+        self.results = [ChoiceResult(logprobs=[] if want_logprobs else None) for _ in range(num_choices)]
+        self.usage = usage
+        self.failure: ApiError | None = None  # the first failed choice's error: raised at the end
+
+    def add(self, d: SeqDelta) -> None:
+        self.usage.update(d.index, d.completion_tokens, d.cached_tokens)
+        r = self.results[d.index]
+        r.texts.append(d.text)
+        if d.logprobs is not None and r.logprobs is not None:
+            r.logprobs.extend(d.logprobs)
+        if d.finish_reason is not None:
+            failure = finish_failure(d.finish_reason, d.error)
+            if failure is None:
                 r.finish_reason = d.finish_reason.value
-        if stream.failure is not None:
-            raise stream.failure
-        if stream.finished:
-            return results
+            elif self.failure is None:
+                self.failure = failure
+
+
+async def collect(stream: RequestStream, usage: Usage, want_logprobs: bool) -> list[ChoiceResult]:
+    """Waits for every choice to end; raises the request's ApiError if it failed. Deltas are folded
+    in as the dispatcher pushes them (`stream.sink`), so none wait in memory for the end."""
+    c = _Collector(stream.num_choices, usage, want_logprobs)
+    for d in stream.take():  # pushed before the sink was in place
+        c.add(d)
+    stream.sink = c.add
+    try:
+        while True:
+            if c.failure is not None:
+                raise c.failure
+            if stream.failure is not None:
+                raise stream.failure
+            if stream.finished:
+                return c.results
+            await stream.wait()
+    finally:
+        stream.sink = None
 
 
 def chat_body(

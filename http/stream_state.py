@@ -6,8 +6,12 @@ either hands the output straight to the stream's `flusher` (a streaming response
 free writes it at once, without waking its coroutine) or wakes the parked consumer; the consumer
 takes everything pending at once. That hand-over is where coalescing comes from: whatever piled
 up while the consumer was busy (writing to a slow socket) is taken in one go, in order, nothing
-dropped. A consumer that only wants the end (non-streaming) sets `wake_tokens` high and is woken
-at the end, on failure, or when that many tokens are pending — not once per token.
+dropped. A consumer that only wants the end (non-streaming) sets a `sink` instead: each delta is
+folded into its result as it arrives (text pieces, counts), nothing is kept pending, and the
+consumer is woken once, at the end or on failure. Measured with the null engine (256 streams of
+1,000 tokens, bench/RESULTS.md): holding every delta until the end kept ~256,000 objects alive,
+whose garbage collections stretched steps by 5 %, and left ~125 ms of per-delta work for after the
+last step.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class RequestStream:
         "pending",
         "pending_tokens",
         "request_id",
+        "sink",
         "touched",
         "unfinished",
         "wake_tokens",
@@ -63,6 +68,9 @@ class RequestStream:
         # Set by the writer of a streaming response: called when the dispatcher cuts this request
         # off because its client fell too far behind (the writer may be stuck on a full socket).
         self.on_cut: Callable[[], None] | None = None
+        # Set by a consumer that folds deltas as they come (non-streaming): push hands each delta
+        # to it instead of keeping it pending. Must not raise (it runs inside the dispatcher).
+        self.sink: Callable[[SeqDelta], None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -76,8 +84,12 @@ class RequestStream:
     def push(self, delta: SeqDelta) -> None:
         if self.failure is not None:
             return
-        self.pending.append(delta)
-        self.pending_tokens += len(delta.token_ids)
+        sink = self.sink
+        if sink is None:
+            self.pending.append(delta)
+            self.pending_tokens += len(delta.token_ids)
+        else:
+            sink(delta)
         reason = delta.finish_reason
         if reason is not None:
             # ERROR / ABORT end the request as a whole (the engine ends every choice with it).

@@ -72,3 +72,48 @@ def test_a_routing_pass_delivers_each_stream_once_however_many_steps_it_took() -
 
     asyncio.run(scenario())
     assert flushes == [4]
+
+
+def test_a_non_streaming_collector_folds_deltas_as_they_come() -> None:
+    """collect() sets the stream's sink: deltas are folded into the result when pushed, nothing is
+    kept pending (no objects piling up until the end), and the consumer wakes once, at the end."""
+    from rillet.http.chunks import Usage
+    from rillet.http.collect import collect
+
+    async def scenario() -> tuple[list[int], str, str | None, int]:
+        stream = RequestStream("r", 1)
+        stream.push(delta("a"))  # before the consumer runs: taken when it starts
+        task = asyncio.ensure_future(collect(stream, usage := Usage([3], 1), False))
+        await asyncio.sleep(0)
+        pending = []
+        for i, ch in enumerate("bcd"):
+            stream.push(SeqDelta("r", 0, [1], ch, None, None, 3, 0, i + 2))
+            stream.deliver()
+            pending.append(len(stream.pending))
+            await asyncio.sleep(0)
+            assert not task.done()
+        stream.push(SeqDelta("r", 0, [1], "e", None, FinishReason.LENGTH, 3, 0, 5))
+        stream.deliver()
+        (result,) = await task
+        assert stream.sink is None
+        return pending, result.text, result.finish_reason, usage.completion_tokens
+
+    assert asyncio.run(scenario()) == ([0, 0, 0], "abcde", "length", 5)
+
+
+def test_a_non_streaming_collector_raises_a_failed_choice_at_the_end() -> None:
+    import pytest
+    from rillet.http.chunks import Usage
+    from rillet.http.collect import collect
+    from rillet.http.errors import ApiError
+
+    async def scenario() -> None:
+        stream = RequestStream("r", 1)
+        task = asyncio.ensure_future(collect(stream, Usage([3], 1), False))
+        await asyncio.sleep(0)
+        stream.push(SeqDelta("r", 0, [1], "x", None, FinishReason.ERROR, 3, 0, 1, error="model step failed"))
+        stream.deliver()
+        with pytest.raises(ApiError):
+            await task
+
+    asyncio.run(scenario())
