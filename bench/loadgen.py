@@ -40,6 +40,7 @@ class LevelResult:
     ttft: list[float]
     itl: list[float]
     tpot: list[float]
+    latencies: list[float] = field(default_factory=list)  # per request, seconds to its last byte
 
     @property
     def tok_s(self) -> float:
@@ -190,6 +191,7 @@ async def run_level(
         [r.ttft for r in ok if r.ttft is not None],
         [x for r in ok for x in r.itl],
         tpot,
+        [r.latency for r in ok],
     )
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 import threading
 import time
@@ -140,6 +141,9 @@ def level(srv: RilletServer, streams: int, tokens: int, stream: bool, prompt: st
         "mid_busy_s": mid_busy,
         "mid_wait_s": mid_wait,
         "errors": res.errors,
+        # from the first request to finish to the last: when every request ends at the same step
+        # (same max_tokens), the time the front end takes to deliver the rest after the engine
+        "tail_s": res.wall_s - min(res.latencies) if res.latencies else None,
     }
 
 
@@ -170,6 +174,9 @@ def aggregate(runs: list[dict[str, Any]], streams: int, stream: bool) -> dict[st
         "engine_tok_s": engine_rate,
         "ratio": delivered / engine_rate if engine_rate else None,
         "step_ms": busy / steps * 1000 if steps else None,
+        "tail_ms": statistics.mean(r["tail_s"] for r in runs if r["tail_s"] is not None) * 1000
+        if any(r["tail_s"] is not None for r in runs)
+        else None,
         "host_ms": (busy - wait) / steps * 1000 if steps else None,
         **_steady(runs),
         "errors": sum(r["errors"] for r in runs),
@@ -257,6 +264,7 @@ def main() -> None:
         "host_ms",
         "mid_step_ms",
         "mid_host_ms",
+        "tail_ms",
         "stream_vs_nonstream",
         "svn_min",
         "svn_max",
