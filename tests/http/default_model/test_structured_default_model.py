@@ -10,16 +10,13 @@ the model prefers: the assertions hold on any machine, not just for this model's
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jsonschema
 import openai
 import pytest
-from http_helpers import serving
 from pydantic import BaseModel, Field
-from rillet.http.background import BackgroundServer
 
 MAX_TOKENS = 160
 S = {"type": "string", "maxLength": 16}
@@ -202,23 +199,6 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     },
 }
 CHECKER = jsonschema.FormatChecker()
-
-
-@pytest.fixture(scope="module")
-def server(default_engine: Any) -> Iterator[BackgroundServer]:
-    with serving(default_engine) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server: BackgroundServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def model(server: BackgroundServer) -> str:
-    assert server.state.engine is not None
-    return server.state.engine.model_name
 
 
 def _fmt(name: str) -> dict[str, Any]:

@@ -9,14 +9,11 @@ prompt (http/tool_prompt.py), and forced calls are constrained by the tools' sch
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
 import openai
 import pytest
-from http_helpers import serving
-from rillet.http.background import BackgroundServer
 
 WEATHER = {
     "type": "object",
@@ -40,23 +37,6 @@ TOOLS = [
 ]
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 QUESTION = [{"role": "user", "content": "What is the weather in Paris right now?"}]
-
-
-@pytest.fixture(scope="module")
-def server(default_engine: Any) -> Iterator[BackgroundServer]:
-    with serving(default_engine) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server: BackgroundServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def model(server: BackgroundServer) -> str:
-    assert server.state.engine is not None
-    return server.state.engine.model_name
 
 
 def _streamed_calls(chunks: Any) -> tuple[list[dict[str, Any]], str | None, str]:
