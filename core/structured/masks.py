@@ -150,7 +150,6 @@ class MaskFiller:
         import llguidance
 
         self.lazy = lazy  # plain greedy rows: mask only when the unmasked argmax is refused
-
         self.vocab_size = vocab_size  # = the grammar tokenizer's n_vocab
         self.words = (vocab_size + 31) // 32
         self.eos_token_ids = eos_token_ids
