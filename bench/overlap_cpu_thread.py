@@ -74,6 +74,10 @@ class WorkerThreadRunner:
     def release(self, seq: Sequence) -> None:
         self.runner.release(seq)
 
+    def close(self) -> None:
+        self.worker.shutdown(wait=False)
+        self.runner.close()
+
 
 def rate(llm: LLM, batch: int, tokens: int, offset: int) -> float:
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)

@@ -146,9 +146,7 @@ class Engine:
             if not self._stop:
                 self._run()
         finally:
-            gr = getattr(getattr(self.runtime.runner, "inner", self.runtime.runner), "graph_runner", None)
-            if gr is not None:
-                gr.stop()  # a background compile ends at its next phase
+            self.runtime.runner.close()
             if self.runtime.cluster is not None:  # the other ranks stop with this thread
                 self.runtime.cluster.close(graceful=not self._dead)
 

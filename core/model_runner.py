@@ -50,6 +50,10 @@ class Runner(Protocol):
 
     def release(self, seq: Sequence) -> None: ...
 
+    def close(self) -> None:
+        """The engine has stopped stepping: end background work (a compile in flight finishes
+        first: graphs/compiled.py) and helper threads."""
+
 
 @dataclass
 class _Launched:
@@ -175,3 +179,9 @@ class ModelRunner:
     def release(self, seq: Sequence) -> None:
         self.sampler.release(seq.seq_id)
         self.inputs.release(seq)
+
+    def close(self) -> None:
+        if self.graph_runner is not None:
+            self.graph_runner.stop()  # a background compile ends at its next phase
+        if self.masks is not None:
+            self.masks.close()

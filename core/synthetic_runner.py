@@ -85,3 +85,6 @@ class SyntheticRunner:
     def release(self, seq: Sequence) -> None:
         if self.inputs is not None:
             self.inputs.release(seq)
+
+    def close(self) -> None:
+        pass  # no background work

@@ -32,6 +32,9 @@ class TPRunner:
     def release(self, seq: Sequence) -> None:
         self.inner.release(seq)
 
+    def close(self) -> None:
+        self.inner.close()
+
     def fatal(self, exc: Exception) -> FatalRunnerError:
         cause = self.diagnose()
         first = str(exc).splitlines()[0] if str(exc) else ""
