@@ -198,17 +198,10 @@ class Sampler:
         return pack_logprobs(tokens, logprobs, lp_rows, seqs, index)
 
     def _plain_greedy(self, seq: Sequence) -> bool:
-        p = seq.params
-        return (
-            p.temperature < GREEDY_EPS
-            and not p.has_penalties
-            and p.logprobs is None
-            and not self._min_tokens_active(seq)
-        )
+        return seq.params.plain_greedy(seq.num_generated, self.eos_token_ids)
 
     def _min_tokens_active(self, seq: Sequence) -> bool:
-        p = seq.params
-        return seq.num_generated < p.min_tokens and bool(self.eos_token_ids or p.stop_token_ids)
+        return seq.params.min_tokens_active(seq.num_generated, self.eos_token_ids)
 
     def _index(self, rows: list[int]) -> torch.Tensor:
         return to_device(rows, torch.long, self.device)

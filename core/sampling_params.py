@@ -85,3 +85,17 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    def min_tokens_active(self, num_generated: int, eos_token_ids: tuple[int, ...]) -> bool:
+        """Before min_tokens outputs, EOS and stop_token_ids are masked (when there are any)."""
+        return num_generated < self.min_tokens and bool(eos_token_ids or self.stop_token_ids)
+
+    def plain_greedy(self, num_generated: int, eos_token_ids: tuple[int, ...]) -> bool:
+        """The token is the argmax of the (grammar-masked) logits and nothing else is read from
+        them: greedy, no penalties, no logprobs, no min_tokens mask in force."""
+        return (
+            self.temperature < GREEDY_EPS
+            and not self.has_penalties
+            and self.logprobs is None
+            and not self.min_tokens_active(num_generated, eos_token_ids)
+        )

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ..request import Sequence
-from ..sampling_params import GREEDY_EPS
+from .matcher import GrammarMatcher
 
 log = logging.getLogger(__name__)
 
@@ -162,9 +162,8 @@ class MaskFiller:
         rows = [i for i, s in enumerate(seqs) if s.grammar is not None]
         if not rows:
             return None
-        self.stats.steps += 1
-        self.stats.rows += len(rows)
-        lazy: list[tuple[int, Any]] = []
+        lazy: list[tuple[int, Any]] = []  # (row, matcher): checked after sampling
+        filled: list[tuple[int, GrammarMatcher]] = []  # masked up front
         for i in rows:
             g = seqs[i].grammar
             assert g is not None
@@ -172,17 +171,19 @@ class MaskFiller:
                 g.sync(seqs[i].output_ids)
             except Exception:  # the engine fails the request on its own accept; here: EOS only
                 log.debug("grammar of sequence %d is broken", seqs[i].seq_id, exc_info=True)
-            if self.lazy and not g.failed and _plain_greedy(seqs[i]):
+            if (
+                self.lazy
+                and not g.failed
+                and seqs[i].params.plain_greedy(seqs[i].num_generated, self.eos_token_ids)
+            ):
                 lazy.append((i, g.matcher))
-        if lazy:
-            self.stats.rows -= len(lazy)
-            taken = {i for i, _ in lazy}
-            rows = [i for i in rows if i not in taken]
-        bits = torch.empty(len(rows), self.words, dtype=torch.int32)
+            else:
+                filled.append((i, g))
+        self.stats.steps += 1
+        self.stats.rows += len(filled)
+        bits = torch.empty(len(filled), self.words, dtype=torch.int32)
         work: list[tuple[Any, int]] = []
-        for j, i in enumerate(rows):
-            g = seqs[i].grammar
-            assert g is not None
+        for j, (_, g) in enumerate(filled):
             if g.failed:
                 self._eos_only(bits[j])
             else:
@@ -192,7 +193,7 @@ class MaskFiller:
             self._fill(work, bits)
         else:
             fill = self._pool.submit(self._fill, work, bits)
-        return PendingMask(rows, bits, fill, self.stats, lazy, self)
+        return PendingMask([i for i, _ in filled], bits, fill, self.stats, lazy, self)
 
     def fill_now(self, work: list[tuple[Any, int]], bits: torch.Tensor) -> None:
         """Fill `bits` rows for (matcher, row) pairs on this thread (a lazy row's miss)."""
@@ -201,7 +202,7 @@ class MaskFiller:
     def _fill(self, work: list[tuple[Any, int]], bits: torch.Tensor) -> None:
         if work:
             t0 = time.perf_counter()
-            self._executor.unsafe_compute_mask_ptr(work, bits.data_ptr(), self.words * 4, bits.shape[0])
+            self.fill_now(work, bits)
             self.stats.fill_s += time.perf_counter() - t0
 
     def _eos_only(self, row: torch.Tensor) -> None:
@@ -212,14 +213,3 @@ class MaskFiller:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
-
-
-def _plain_greedy(seq: Sequence) -> bool:
-    """A row whose token is the argmax of its (masked) logits and nothing else is read from them."""
-    p = seq.params
-    return (
-        p.temperature < GREEDY_EPS
-        and p.logprobs is None
-        and not p.has_penalties
-        and seq.num_generated >= p.min_tokens
-    )
