@@ -52,8 +52,6 @@ async def run_generation(
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     engine_ids = (rid,) if len(gen.prompts) == 1 else tuple(f"{rid}-{p}" for p in range(len(gen.prompts)))
     stream = RequestStream(rid, gen.num_choices, engine_ids)
-    if not gen.stream:  # the collector wants the end; waking it per token would be pure overhead
-        stream.wake_tokens = max(1, state.cfg.stream.max_buffered_tokens // 2)
     usage = Usage([len(p) for p in gen.prompts], gen.n)
     _submit(state, engine, gen, stream)
     state.metrics.prompt_tokens.inc(usage.prompt_tokens)

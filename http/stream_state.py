@@ -61,7 +61,9 @@ class RequestStream:
         self.last_step = -1  # engine step of the latest token (ITL: one observation per step)
         self._waiter: asyncio.Future[None] | None = None
         self.touched = False  # the dispatcher's mark: pushed to during the current routing pass
-        self.wake_tokens = 1  # wake the consumer once this many tokens are pending (or at the end)
+        # wake the consumer once this many tokens are pending (or at the end); the server's consumers
+        # use 1 (a non-streaming one has a sink, so nothing is ever pending for it)
+        self.wake_tokens = 1
         # Set by a streaming writer while it may write directly; returns False when it cannot
         # (socket busy, stream ended, failure): then the consumer is woken instead.
         self.flusher: Callable[[], bool] | None = None
