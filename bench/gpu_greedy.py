@@ -49,18 +49,19 @@ def compare_greedy(
         chosen = _lp(e, k)
         other = top.get(g.token_ids[k]) if k < len(g.token_ids) else None
         gap = chosen - other if chosen is not None and other is not None else None
-        kind = "tie" if gap is not None and gap <= tie_tol else "mismatch"
-        details.append({"kind": kind, "step": k, "gap": gap, "tokens": len(e.token_ids)})
-    count = {k: sum(d["kind"] == k for d in details) for k in ("exact", "tie", "mismatch", "error")}
-    ok = count["mismatch"] == 0 and count["error"] == 0 and dlp <= lp_tol
+        details.append({"kind": _kind(gap, tie_tol), "step": k, "gap": gap, "tokens": len(e.token_ids)})
+    count, ok = _tally(details, dlp, lp_tol)
     return {**count, "prompts": len(details), "max_dlogprob": dlp, "ok": ok, "details": details}
 
 
-def _kinds(details: list[dict[str, Any]], tie_tol: float) -> None:
-    for d in details:
-        if d["kind"] in ("tie", "mismatch"):
-            gap = d.get("gap")
-            d["kind"] = "tie" if gap is not None and gap <= tie_tol else "mismatch"
+def _kind(gap: float | None, tie_tol: float) -> str:
+    """A divergence at `gap` nats behind eager's choice (None: not in eager's top list)."""
+    return "tie" if gap is not None and gap <= tie_tol else "mismatch"
+
+
+def _tally(details: list[dict[str, Any]], dlp: float, lp_tol: float) -> tuple[dict[str, int], bool]:
+    count = {k: sum(d["kind"] == k for d in details) for k in ("exact", "tie", "mismatch", "error")}
+    return count, count["mismatch"] == 0 and count["error"] == 0 and dlp <= lp_tol
 
 
 def rejudge(parts: dict[str, Any], rows: list[dict[str, Any]], role: str, judged: bool) -> None:
@@ -71,9 +72,10 @@ def rejudge(parts: dict[str, Any], rows: list[dict[str, Any]], role: str, judged
         return
     noise = float(logits["hf_bf16_vs_fp32"]["max_abs"])
     tol = max(TIE_TOL, noise)
-    _kinds(greedy["details"], tol)
-    count = {k: sum(d["kind"] == k for d in greedy["details"]) for k in ("exact", "tie", "mismatch", "error")}
-    ok = count["mismatch"] == 0 and count["error"] == 0 and greedy["max_dlogprob"] <= LOGPROB_TOL
+    for d in greedy["details"]:
+        if d["kind"] in ("tie", "mismatch"):
+            d["kind"] = _kind(d.get("gap"), tol)
+    count, ok = _tally(greedy["details"], greedy["max_dlogprob"], LOGPROB_TOL)
     ok = ok and (greedy.get("replays", 0) > 0 or not judged)
     greedy.update(count, ok=ok, tie_tol=tol, tie_tol_from=f"(a) logits {role}: transformers bf16 max |err|")
     for r in rows:
