@@ -207,7 +207,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         # slot_mapping >= 0: begin_step clamped it
         k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
         v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
-        out: torch.Tensor = self._active.run(q.contiguous(), (k_cache, v_cache))  # no-op when traced
+        # forward passed q contiguous; a compiler could in principle hand the op another layout
+        out: torch.Tensor = self._active.run(q.contiguous(), (k_cache, v_cache))
         return out
 
 
