@@ -74,6 +74,9 @@ class WorkerThreadRunner:
     def release(self, seq: Sequence) -> None:
         self.runner.release(seq)
 
+    def poll(self) -> None:
+        self.runner.poll()
+
     def close(self) -> None:
         self.worker.shutdown(wait=False)
         self.runner.close()

@@ -38,7 +38,7 @@ PrefillBackendName = Literal["auto", "torch", "flashinfer", "xformers"]
 # flashinfer's own prefill kernels. auto lets flashinfer choose per plan(): FA3 on Hopper (sm90, CUDA
 # >= 12.3, head dims 64/128) whenever the longest query in the step exceeds 64 tokens.
 FlashinferPrefillKernels = Literal["fa2", "fa3", "auto"]
-CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune-no-cudagraphs"]
+CompileMode = Literal["auto", "none", "default", "reduce-overhead", "max-autotune-no-cudagraphs"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 OverCapacity = Literal["reply_503", "reset"]
 
@@ -119,7 +119,9 @@ class GraphConfig:
     # decode step as a graph: CUDA graphs on CUDA, the torch.compile'd step on CPU (auto: if faster)
     enabled: Literal["auto", "on", "off"] = "auto"
     buckets: tuple[int, ...] = ()  # batch-size buckets; () = 1, 2, 4, 8, then steps of 8/16
-    compile_mode: CompileMode = "default"
+    # auto: max-autotune-no-cudagraphs for CPU models with int4 weights (Inductor's int4 GEMM
+    # template, weights frozen: graphs/compiled.py), default otherwise
+    compile_mode: CompileMode = "auto"
 
     def __post_init__(self) -> None:
         _check(all(b >= 1 for b in self.buckets), "graphs.buckets", "every bucket must be >= 1")

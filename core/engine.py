@@ -267,9 +267,11 @@ class Engine:
                 ring.wait_released(handoff_s or 0.0)
 
         before_run = publish if handoff_s is None else publish_and_hand_off
+        poll = self.runtime.runner.poll  # work that must run on this thread, between steps
 
         try:
             while not self._stop:
+                poll()
                 if die_at is not None and self.core.steps >= die_at:
                     raise RuntimeError(f"test-only engine death ({_TEST_DIE_ENV}={die_at})")
                 if self._fatal is not None:

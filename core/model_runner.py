@@ -50,6 +50,10 @@ class Runner(Protocol):
 
     def release(self, seq: Sequence) -> None: ...
 
+    def poll(self) -> None:
+        """Between steps, on the engine thread (idle or not): work that must run on the thread
+        that runs the model, e.g. timing a freshly compiled decode step (graphs/compiled.py)."""
+
     def close(self) -> None:
         """The engine has stopped stepping: end background work (a compile in flight finishes
         first: graphs/compiled.py) and helper threads."""
@@ -179,6 +183,10 @@ class ModelRunner:
     def release(self, seq: Sequence) -> None:
         self.sampler.release(seq.seq_id)
         self.inputs.release(seq)
+
+    def poll(self) -> None:
+        if self.graph_runner is not None:
+            self.graph_runner.poll()
 
     def close(self) -> None:
         if self.graph_runner is not None:

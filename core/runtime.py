@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from rillet.graphs.buckets import resolve_buckets
-from rillet.graphs.compiled import set_compile_cache_dir
+from rillet.graphs.compiled import resolve_compile_mode, set_compile_cache_dir
 from rillet.graphs.runner import GraphRunner, resolve_decode_mode
 
 from .attention import AttentionBackend
 from .attention.select import create_attention_backend, select_attention_backend
 from .block_manager import BlockManager
-from .config import ConfigError, RilletConfig
+from .config import CompileMode, ConfigError, RilletConfig
 from .detokenizer import IncrementalDetokenizer, token_text_table
 from .loaders.default_model import default_model_path
 from .loaders.gguf_file import GGUFFile, read_gguf
@@ -215,12 +215,14 @@ def _graph_runner(
                 "(parallel.tensor_parallel_size > 1) cannot do; use 'auto' or 'off'",
             )
         mode, why = "eager", "tensor parallelism on CPU: the ranks cannot compile in the background"
+    compile_mode, how = resolve_compile_mode(cfg.graphs.compile_mode, device, model.int4_weights)
     log.info("decode step: %s (%s)", mode.replace("_", " "), why)
     if mode == "eager":
         return None
+    log.info("decode step compile mode: %s (%s)", compile_mode, how)
     graphs = GraphRunner(
         DecoderGraphAdapter(model, kv, cfg.cache.block_size),
-        cfg.graphs,
+        replace(cfg.graphs, compile_mode=cast(CompileMode, compile_mode)),
         max_num_seqs=cfg.scheduler.max_num_seqs,
         max_blocks_per_seq=_max_blocks(cfg, arch),
         device=device,

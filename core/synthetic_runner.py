@@ -86,5 +86,8 @@ class SyntheticRunner:
         if self.inputs is not None:
             self.inputs.release(seq)
 
+    def poll(self) -> None:
+        pass  # nothing to do between steps
+
     def close(self) -> None:
         pass  # no background work

@@ -73,4 +73,4 @@ class GraphSettings(Protocol):
     def buckets(self) -> tuple[int, ...]: ...  # () = the default ladder
 
     @property
-    def compile_mode(self) -> str: ...  # "none" | torch.compile mode
+    def compile_mode(self) -> str: ...  # "auto" | "none" | torch.compile mode

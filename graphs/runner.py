@@ -84,13 +84,15 @@ class GraphRunner:
         self.buckets = resolve_buckets(settings.buckets, max_num_seqs)
         self.mode, self.mode_reason = resolve_decode_mode(settings, self.device)
         self.use_graphs = self.mode == "cuda_graphs"
-        self.compile_mode = settings.compile_mode
+        # "auto" is resolved by the caller, which knows the model (core/runtime.py:
+        # resolve_compile_mode); one that does not gets torch.compile's default
+        self.compile_mode = "default" if settings.compile_mode == "auto" else settings.compile_mode
         self.pad_to_buckets = self.use_graphs if pad_to_buckets is None else pad_to_buckets
         self.compiled: CompiledDecode | None = None
         if self.mode == "compiled":
             self.compiled = CompiledDecode(
                 model,
-                settings.compile_mode,
+                self.compile_mode,
                 max_blocks_per_seq=max_blocks_per_seq,
                 device=self.device,
                 check_faster=settings.enabled == "auto",
@@ -121,6 +123,11 @@ class GraphRunner:
         """The engine is closing: no more background compiling (see CompiledDecode.stop)."""
         if self.compiled is not None:
             self.compiled.stop()
+
+    def poll(self) -> None:
+        """On the engine thread between steps: see CompiledDecode.poll."""
+        if self.compiled is not None:
+            self.compiled.poll()
 
     def takes(self, b: int) -> bool:
         """Whether run() would give a b-row step a graph (or the padded path): otherwise the

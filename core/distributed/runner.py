@@ -32,6 +32,9 @@ class TPRunner:
     def release(self, seq: Sequence) -> None:
         self.inner.release(seq)
 
+    def poll(self) -> None:
+        self.inner.poll()
+
     def close(self) -> None:
         self.inner.close()
 

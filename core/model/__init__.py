@@ -116,6 +116,11 @@ class DecoderModel(nn.Module):
             x = layer(x, cos, sin, kv, meta)
         return F.rms_norm(x, self.norm.shape, self.norm, self.arch.rms_norm_eps)
 
+    @property
+    def int4_weights(self) -> bool:
+        """The projections are Int4Weight stand-ins (quantize_int4 was called)."""
+        return self.quant_head is not None
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] (rows of `forward`'s output) -> float32 logits [N, V]."""
         if self.quant_head is not None:
