@@ -61,7 +61,9 @@ class RilletServer:
             text = Path(self.log_path).read_text(errors="replace")
             if "decode step: compiled (" not in text:
                 return "eager" if "decode step: " in text else "unknown"
-            if "decode step compiled in" in text:
+            # graphs.enabled on: in use once built; auto: once timed against eager (after the build)
+            in_use = "compiled in use" in text or "compiled graph in use" in text
+            if "decode step compiled in" in text and in_use:
                 return "compiled"
             if "stays eager" in text or "compiled decode off" in text:
                 return "eager"

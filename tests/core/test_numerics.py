@@ -30,7 +30,9 @@ CAPS = {
 }
 # The decode step under each cap: the native run answers through the compiled step (as served,
 # `graphs.enabled: auto`; it stays eager where compiling is not faster), the capped one eager.
-DECODE = {"native": [], "avx2": ["--set", "graphs.enabled=off"]}
+# Buckets from 2: one compile (batch 1 runs as 2 rows), the graph that tests/graphs/
+# test_compiled_decode.py's default model compiles too (one finds the other's cache entry).
+DECODE = {"native": ["--set", "graphs.buckets=[2,4,8,16]"], "avx2": ["--set", "graphs.enabled=off"]}
 
 
 @pytest.mark.skipif(not int4_supported(), reason="no CPU int4 kernel in this torch")

@@ -145,10 +145,16 @@ def _decode(model: _ThreadModel, with_batch_1: bool = True) -> CompiledDecode:
     )
 
 
-def test_auto_times_the_step_on_the_polling_thread_after_the_compile_thread() -> None:
+def test_auto_times_the_step_on_the_polling_thread_after_the_compile_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Under auto both graphs compile on the compile thread; the timing against eager waits for
     poll() on the model's thread (the engine's, between steps) once the compile thread has ended:
-    a forward on any other thread than the one that built the model ran 2.3x slower."""
+    a forward on any other thread than the one that built the model ran 2.3x slower. A frozen
+    clock: both paths time 0 ms, so the verdict is "no slower" whatever the machine does."""
+    from rillet.graphs import compiled as compiled_mod
+
+    monkeypatch.setattr(compiled_mod.time, "perf_counter", _Clock())
     model = _ThreadModel()
     cd = _decode(model)
     cd.start()
@@ -168,11 +174,14 @@ def test_auto_times_the_step_on_the_polling_thread_after_the_compile_thread() ->
     assert len(model.threads) == 2 + len(timed)
 
 
-def test_a_synchronous_compile_checks_on_the_calling_thread() -> None:
+def test_a_synchronous_compile_checks_on_the_calling_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """start(background=False) compiles on the caller's thread, which is then the model's: the
     check runs there, at once, and the caller's priority is left alone."""
     import os
 
+    from rillet.graphs import compiled as compiled_mod
+
+    monkeypatch.setattr(compiled_mod.time, "perf_counter", _Clock())
     model = _ThreadModel()
     model.release.set()
     cd = _decode(model, with_batch_1=False)
