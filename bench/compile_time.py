@@ -4,8 +4,9 @@ Each run is a fresh process (nothing in memory carries over). "cold" points Indu
 caches (FX graph, AOTAutograd) at an empty folder; "warm" runs again on the folder the cold run
 filled, as a restart of the server would. Per run: seconds from process start to the engine being
 ready and to the first generated token (served eager while the step compiles in the background),
-the compile of each graph (rows >= 2, rows == 1) and in all, the decode step's ms/token at batch 1
-once compiled, and peak RSS. Prints a table last, writes JSON.
+the compile of each graph (rows >= 2, rows == 1) and in all, the latency of 1-token requests sent
+every 0.5 s while it compiles (median, max), the decode step's ms/token at batch 1 once compiled,
+and peak RSS. Prints a table last, writes JSON.
 
     .venv/bin/python bench/compile_time.py [--set model.quantization=none]
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,7 +42,11 @@ def child(overrides: list[str]) -> dict[str, object]:
         first_token = time.perf_counter() - START
         gr = llm.engine.core.runner.graph_runner  # type: ignore[attr-defined]
         assert gr is not None and gr.compiled is not None, "the decode step is not compiled here"
-        gr.compiled.wait()
+        waits = []  # 1-token requests while the step compiles: what a user sees meanwhile
+        while not gr.compiled.wait(0.5):
+            t0 = time.perf_counter()
+            llm.generate(["Hello"], one)
+            waits.append(time.perf_counter() - t0)
         compiled_at = time.perf_counter() - START
         params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
         llm.generate(["Write a short story about a robot."], params)  # warm-up
@@ -51,6 +57,8 @@ def child(overrides: list[str]) -> dict[str, object]:
             "ready_s": ready,
             "first_token_s": first_token,
             "compiled_at_s": compiled_at,
+            "meanwhile_1tok_p50_s": statistics.median(waits) if waits else None,
+            "meanwhile_1tok_max_s": max(waits, default=None),
             "compile_s": gr.compiled.seconds,
             "decode": "compiled" if gr.compiled.ready else f"eager ({gr.compiled.failed})",
             "ms_per_token_b1": ms,
