@@ -222,3 +222,32 @@ def test_the_engine_polls_its_runner_on_its_own_thread(monkeypatch: pytest.Monke
         engine_thread = llm.engine._thread
         assert engine_thread is not None
         assert seen and set(seen) == {engine_thread.ident}
+
+
+def test_the_compile_shortens_the_gil_switch_interval_while_it_runs() -> None:
+    """Dynamo and Inductor hold the GIL in Python for seconds: while the compile thread runs, the
+    interpreter hands the GIL over every COMPILE_SWITCH_INTERVAL_S (not 5 ms), so the engine
+    thread, which drops it in every torch op, is not held back by up to 5 ms each time."""
+    import sys
+
+    from rillet.graphs.compiled import COMPILE_SWITCH_INTERVAL_S
+
+    seen: list[float] = []
+
+    class Model(_ThreadModel):
+        def forward_decode(self, batch: DecodeBatch) -> torch.Tensor:
+            seen.append(sys.getswitchinterval())
+            return super().forward_decode(batch)
+
+    before = sys.getswitchinterval()
+    model = Model()
+    model.release.set()
+    cd = CompiledDecode(
+        model, "none", max_blocks_per_seq=4, device=torch.device("cpu"), check_faster=False, with_batch_1=True
+    )
+    cd.start()
+    assert cd.wait(30) and cd.ready and cd.ready_1
+    assert cd._thread is not None
+    cd._thread.join(30)
+    assert seen == [COMPILE_SWITCH_INTERVAL_S] * 2
+    assert sys.getswitchinterval() == before
