@@ -54,7 +54,7 @@ def test_default_numerics_stay_close_to_float32_under_isa_cap(cap: str, tmp_path
     res = json.loads(out.read_text())
     assert res["isa_caps"] == {k: CAPS[cap].get(k) for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
     assert res["default_run"] == "int4/float32" and res["fp32_run"] == "none/float32"
-    assert res["default_decode"] in (["eager"] if DECODE[cap] else ["compiled", "eager"])
+    assert res["default_decode"] in (["eager"] if cap == "avx2" else ["compiled", "eager"])
     assert "Paris" in res["default_france"], res["default_france"]
     ours, theirs = res["default_forced"], res["hf_bf16_forced"]
     assert ours["mean_abs_logit_err"] < theirs["mean_abs_logit_err"], res

@@ -263,7 +263,7 @@ def test_int4_weights_go_through_the_graph_frozen_and_autotuned(
         assert gr.compiled.failed is None and gr.compiled.ready
         assert _graphs() - before == 1
         assert (_count("fxgraph_cache_hit") > hits) is cached
-        if not cached:  # qkv, o, gate_up, down: each with more than one choice (aten, template)
+        if not cached and _avx512():  # qkv, o, gate_up, down: each with two choices (aten, template)
             assert _count("select_algorithm_autotune") - tuned >= 4
         with torch.inference_mode():
             got = gr.run(batch).float()
@@ -272,6 +272,12 @@ def test_int4_weights_go_through_the_graph_frozen_and_autotuned(
         torch.testing.assert_close(got, want, rtol=0.02, atol=0.02)
         outputs.append(got)
     assert not torch.allclose(outputs[0], outputs[1], atol=0.1)  # two models, two answers
+
+
+def _avx512() -> bool:
+    """Inductor's int4 GEMM template has AVX-512 and AMX micro-kernels only (both CPU models seen
+    in CI have AVX-512); elsewhere aten's kernel is the one choice and nothing is autotuned."""
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 def _count(name: str) -> int:
