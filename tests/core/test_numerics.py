@@ -28,11 +28,12 @@ CAPS = {
     "native": {},
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
 }
-# The decode step under each cap: the native run answers through the compiled step (as served,
-# `graphs.enabled: auto`; it stays eager where compiling is not faster), the capped one eager.
-# Buckets from 2: one compile (batch 1 runs as 2 rows), the graph that tests/graphs/
-# test_compiled_decode.py's default model compiles too (one finds the other's cache entry).
-DECODE = {"native": ["--set", "graphs.buckets=[2,4,8,16]"], "avx2": ["--set", "graphs.enabled=off"]}
+# Both runs answer through the eager decode step. The compiled step (as served) is checked
+# against eager token for token in tests/graphs/test_compiled_decode.py (the default model);
+# compiling it here as well cost the suite another cold compile (~110 s): the same graph compiled
+# in this subprocess and in pytest's process got two Inductor cache entries (their generated code
+# differs only in the AOT id, i.e. the process's count of compiles), so neither finds the other.
+DECODE = {"native": ["--set", "graphs.enabled=off"], "avx2": ["--set", "graphs.enabled=off"]}
 
 
 @pytest.mark.skipif(not int4_supported(), reason="no CPU int4 kernel in this torch")
@@ -54,7 +55,7 @@ def test_default_numerics_stay_close_to_float32_under_isa_cap(cap: str, tmp_path
     res = json.loads(out.read_text())
     assert res["isa_caps"] == {k: CAPS[cap].get(k) for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
     assert res["default_run"] == "int4/float32" and res["fp32_run"] == "none/float32"
-    assert res["default_decode"] in (["eager"] if cap == "avx2" else ["compiled", "eager"])
+    assert res["default_decode"] == "eager"
     assert "Paris" in res["default_france"], res["default_france"]
     ours, theirs = res["default_forced"], res["hf_bf16_forced"]
     assert ours["mean_abs_logit_err"] < theirs["mean_abs_logit_err"], res
