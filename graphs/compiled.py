@@ -56,8 +56,8 @@ SLOWER_THAN_EAGER = 1.10
 COMPILE_NICE = 10  # added to the compile thread's nice value: the engine thread's steps come first
 # The interpreter's GIL switch interval while a compile runs (default 5 ms). Dynamo and Inductor
 # hold the GIL in pure Python for seconds; the engine thread gives it up in every torch op, and
-# each time waited up to the interval to get it back: 1-token requests took up to 7.2 s during a
-# cold compile (measured), at 0.5 ms at most 1.0 s. Restored when the compile thread ends.
+# each time waited up to the interval to get it back: 1-token requests took up to 12.3 s during a
+# cold compile of the default model (measured), at 0.5 ms up to 1-2 s. Restored when it ends.
 COMPILE_SWITCH_INTERVAL_S = 0.0005
 
 DecodeFn = Callable[[DecodeBatch], torch.Tensor]
@@ -87,8 +87,8 @@ def set_compile_cache_dir(base: Path) -> Path:
 def resolve_compile_mode(requested: str, device: torch.device, int4_weights: bool) -> tuple[str, str]:
     """graphs.compile_mode -> (the torch.compile mode, why), for the start-up log. auto: the
     autotuned mode with frozen weights for a CPU model whose projections are weight-only int4
-    (measured on the default model: 1.25x faster decode steps at batch 1 than mode default, whose
-    int4 matmuls stay aten's kernel), "default" otherwise (the GPU path was measured with it)."""
+    (measured on the default model at batch 1: ~180 tok/s offline against 133-142 in mode default,
+    whose int4 matmuls stay aten's kernel), "default" otherwise (the GPU path was measured with it)."""
     if requested != "auto":
         return requested, f"graphs.compile_mode {requested}"
     if device.type == "cpu" and int4_weights:
