@@ -247,8 +247,7 @@ class CompiledDecode:
                 self._compile_all()
         except Exception as exc:  # a compile error must not take the server down: stay eager
             self._check_due = False
-            lines = str(exc).strip().splitlines()
-            self.failed = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+            self.failed = _summary(exc)
             if self._stopping.is_set():  # the engine closed under it (its runtime is going away)
                 logger.debug("compile ended with the engine: %s", self.failed)
             else:
@@ -297,8 +296,7 @@ class CompiledDecode:
             with torch.inference_mode():
                 keep = self._faster(self._check_batch)
         except Exception as exc:  # the compiled step failed to run: stay eager
-            lines = str(exc).strip().splitlines()
-            self.failed = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+            self.failed = _summary(exc)
             logger.warning("compiled decode off, serving eager: the compiled step failed (%s)", self.failed)
             keep = False
         if keep:
@@ -335,6 +333,12 @@ class CompiledDecode:
         self.failed = f"compiled {c:.2f} ms vs eager {e:.2f} ms per step (batch 2): slower"
         logger.info("decode step stays eager: %s", self.failed)
         return False
+
+
+def _summary(exc: Exception) -> str:
+    """An error as one log-sized line: its type and the first line of its message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 @contextmanager

@@ -134,13 +134,13 @@ class _ThreadModel:
         return torch.zeros(batch.num_rows, 4)
 
 
-def _decode(model: _ThreadModel, with_batch_1: bool = True) -> CompiledDecode:
+def _decode(model: _ThreadModel, with_batch_1: bool = True, check_faster: bool = True) -> CompiledDecode:
     return CompiledDecode(
         model,
         "none",
         max_blocks_per_seq=4,
         device=torch.device("cpu"),
-        check_faster=True,
+        check_faster=check_faster,
         with_batch_1=with_batch_1,
     )
 
@@ -242,9 +242,7 @@ def test_the_compile_shortens_the_gil_switch_interval_while_it_runs() -> None:
     before = sys.getswitchinterval()
     model = Model()
     model.release.set()
-    cd = CompiledDecode(
-        model, "none", max_blocks_per_seq=4, device=torch.device("cpu"), check_faster=False, with_batch_1=True
-    )
+    cd = _decode(model, check_faster=False)
     cd.start()
     assert cd.wait(30) and cd.ready and cd.ready_1
     assert cd._thread is not None
