@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from common import hf_config_kwargs
 from gpu_timing import random_ids
-from rillet.core.attention import AttentionMetadata
+from rillet.core.attention.base import AttentionMetadata
 from rillet.core.attention.select import create_attention_backend
-from rillet.core.model import DecoderModel, allocate_kv_cache, build_model
 from rillet.core.model.arch import ModelArch
+from rillet.core.model.decoder import DecoderModel, allocate_kv_cache, build_model
 
 
 def hf_model(arch: ModelArch, device: torch.device, dtype: torch.dtype, seed: int) -> Any:

@@ -73,7 +73,7 @@ export PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMER
 
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,clocks.mem,temperature.gpu \
   --format=csv > "$out/nvidia-smi.csv" 2>&1 || true
-python3 -c "import rillet.core.engine, rillet.http.server, orjson, gguf" || {
+python3 -c "import rillet.core.engine.engine, rillet.http.app, orjson, gguf" || {
   echo "gpu_run: rillet or its dependencies do not import" >&2
   exit 2
 }

@@ -11,11 +11,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from rillet.core.engine.scheduler import ScheduledBatch
 from rillet.core.llm import LLM
-from rillet.core.model import DecoderModel
-from rillet.core.request import Sequence as Seq
+from rillet.core.model.decoder import DecoderModel
 from rillet.core.sampling_params import SamplingParams
-from rillet.core.scheduler import ScheduledBatch
+from rillet.core.sequence import Seq
 from rillet.graphs.buckets import select_bucket
 
 

@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import peak_rss_mib, table, write_json
 from rillet.core.loaders.default_model import default_model_path
-from rillet.core.tokenizer import Tokenizer
+from rillet.core.tokenizer.tokenizer import Tokenizer
 
 SEPARATORS = (", ", ": ")
 SCHEMA: dict[str, Any] = {

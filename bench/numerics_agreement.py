@@ -31,12 +31,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import decode_path, hf_config_kwargs, peak_rss_mib, table, write_json
-from rillet.core.attention import AttentionMetadata
+from rillet.core.attention.base import AttentionMetadata
 from rillet.core.config import config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.loaders.default_model import default_model_path
 from rillet.core.loaders.gguf import load_gguf
-from rillet.core.model import DecoderModel, allocate_kv_cache
+from rillet.core.model.decoder import DecoderModel, allocate_kv_cache
 from rillet.core.sampling_params import SamplingParams
 
 PROMPTS = Path(__file__).resolve().parents[1] / "tests" / "data" / "chat_prompts.json"

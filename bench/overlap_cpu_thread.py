@@ -28,20 +28,20 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import peak_rss_mib, table, write_json
 from rillet.core.config import config_from_dict
+from rillet.core.engine.scheduler import ScheduledBatch
 from rillet.core.llm import LLM
-from rillet.core.model_runner import ModelRunner
-from rillet.core.request import Sequence
-from rillet.core.sampler import SampleResult
+from rillet.core.runner.model_runner import ModelRunner
+from rillet.core.runner.sampler import SampleResult
+from rillet.core.runner.step_inputs import StepInputs
 from rillet.core.sampling_params import SamplingParams
-from rillet.core.scheduler import ScheduledBatch
-from rillet.core.step_inputs import StepInputs
+from rillet.core.sequence import Seq
 
 PROMPTS = [f"Write a short story number {i} about a robot who learns to paint." for i in range(64)]
 
 
 @dataclass
 class _Pending:
-    seqs: list[Sequence]
+    seqs: list[Seq]
     future: Future[SampleResult]
 
     def wait(self) -> SampleResult:
@@ -71,7 +71,7 @@ class WorkerThreadRunner:
             r.inputs.store_sampled(inp, sample.tokens)
             return sample.start_copy().wait()
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: Seq) -> None:
         self.runner.release(seq)
 
     def poll(self) -> None:

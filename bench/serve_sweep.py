@@ -42,7 +42,7 @@ COLS = [
 
 def token_counter() -> Any:
     from rillet.core.loaders.default_model import default_model_path
-    from rillet.core.tokenizer import Tokenizer
+    from rillet.core.tokenizer.tokenizer import Tokenizer
 
     tok = Tokenizer.from_gguf(default_model_path())
     return lambda text: len(tok.encode(text, add_special_tokens=False))

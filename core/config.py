@@ -180,9 +180,9 @@ class ServerConfig:
     max_n: int = 16
     request_timeout_s: float | None = None  # per-request deadline; None = none
     drain_timeout_s: float = 30.0
-    loop_nice: int = 0  # the event loop thread's nice increment (Linux); see http/process_tuning.py
+    loop_nice: int = 0  # the event loop thread's nice increment (Linux); see http/launch/process_tuning.py
     ui: Literal["on", "off"] = "on"  # the browser page at / (chat playground, dashboard); off = 404
-    # Slow and idle connections (http/connection.py): deadlines on reading a request, separate
+    # Slow and idle connections (http/net/connection.py): deadlines on reading a request, separate
     # from request_timeout_s (generation); a cap on open connections.
     header_timeout_s: float = 10.0  # from accept / first byte to the end of the request head
     body_timeout_s: float = 60.0  # from the end of the head to the last byte of the body

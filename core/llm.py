@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Sequence as Seq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .config import RilletConfig, load_config
-from .engine import Engine
-from .request import FinishReason, TokenLogprob
-from .sampling_params import SamplingParams
+from rillet.core.config import RilletConfig, load_config
+from rillet.core.engine.engine import Engine
+from rillet.core.sampling_params import SamplingParams
+from rillet.core.sequence import FinishReason, TokenLogprob
 
 
 @dataclass
@@ -38,7 +38,7 @@ class RequestOutput:
 class LLM:
     """Owns an engine (started on construction) and consumes its ring on the caller's thread."""
 
-    def __init__(self, cfg: RilletConfig | None = None, overrides: Seq[str] = ()) -> None:
+    def __init__(self, cfg: RilletConfig | None = None, overrides: Sequence[str] = ()) -> None:
         cfg = cfg if cfg is not None else load_config(None, list(overrides))
         self.engine = Engine(cfg)
         self.tokenizer = self.engine.tokenizer
@@ -57,8 +57,8 @@ class LLM:
 
     def generate(
         self,
-        prompts: Seq[str | list[int]],
-        params: SamplingParams | Seq[SamplingParams] | None = None,
+        prompts: Sequence[str | list[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
         n: int = 1,
     ) -> list[RequestOutput]:
         """All prompts are submitted at once, so they run batched; results in prompt order."""

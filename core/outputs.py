@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .request import FinishReason, TokenLogprob
+from rillet.core.sequence import FinishReason, TokenLogprob
 
 
 @dataclass(slots=True)

@@ -13,31 +13,30 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import torch
+from rillet.core.attention.base import AttentionBackend
+from rillet.core.attention.select import create_attention_backend, select_attention_backend
+from rillet.core.config import CompileMode, ConfigError, RilletConfig
+from rillet.core.engine.block_manager import BlockManager
+from rillet.core.engine.detokenizer import IncrementalDetokenizer, token_text_table
+from rillet.core.engine.scheduler import Scheduler
+from rillet.core.loaders.default_model import default_model_path
+from rillet.core.loaders.gguf_file import GGUFFile, read_gguf
+from rillet.core.loaders.weights_cache import default_cache_dir
+from rillet.core.model.arch import ModelArch
+from rillet.core.model.decoder import DecoderModel, KVCache, allocate_kv_cache, build_model
+from rillet.core.model.shapes import shape_arch
+from rillet.core.quant.select import Quantization, resolve_dtype, resolve_quantization
+from rillet.core.runner.model_runner import DecoderGraphAdapter, ModelRunner, Runner
+from rillet.core.runner.sampler import Sampler
+from rillet.core.runner.synthetic import SyntheticRunner
+from rillet.core.sequence import Seq
+from rillet.core.tokenizer.tokenizer import Tokenizer
 from rillet.graphs.buckets import resolve_buckets
 from rillet.graphs.compiled import resolve_compile_mode, set_compile_cache_dir
 from rillet.graphs.runner import GraphRunner, resolve_decode_mode
 
-from .attention import AttentionBackend
-from .attention.select import create_attention_backend, select_attention_backend
-from .block_manager import BlockManager
-from .config import CompileMode, ConfigError, RilletConfig
-from .detokenizer import IncrementalDetokenizer, token_text_table
-from .loaders.default_model import default_model_path
-from .loaders.gguf_file import GGUFFile, read_gguf
-from .loaders.weights_cache import default_cache_dir
-from .model import DecoderModel, KVCache, allocate_kv_cache, build_model
-from .model.arch import ModelArch
-from .model.shapes import shape_arch
-from .model_runner import DecoderGraphAdapter, ModelRunner, Runner
-from .quant.select import Quantization, resolve_dtype, resolve_quantization
-from .request import Sequence
-from .sampler import Sampler
-from .scheduler import Scheduler
-from .synthetic_runner import SyntheticRunner
-from .tokenizer import Tokenizer
-
 if TYPE_CHECKING:
-    from .distributed.cluster import TPCluster
+    from rillet.core.distributed.cluster import TPCluster
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +50,7 @@ class Runtime:
     max_model_len: int
     scheduler: Scheduler
     runner: Runner
-    make_detokenizer: Callable[[Sequence], IncrementalDetokenizer]
+    make_detokenizer: Callable[[Seq], IncrementalDetokenizer]
     device: torch.device
     dtype: torch.dtype
     arch: ModelArch | None
@@ -118,7 +117,7 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
     report("weights", 0.1)
     cluster = None
     if cfg.parallel.tensor_parallel_size > 1:
-        from .distributed.cluster import TPCluster
+        from rillet.core.distributed.cluster import TPCluster
 
         cluster = TPCluster.start(cfg, kind, path, header, device, quant.quantization)
     try:
@@ -287,11 +286,11 @@ def _load_model(
         return arch, model
     assert path is not None
     if kind == "gguf":
-        from .loaders.gguf import load_gguf
+        from rillet.core.loaders.gguf import load_gguf
 
         arch, weights = load_gguf(path, dtype, cache_dir=cfg.model.cache_dir, header=header)
     else:
-        from .loaders.hf import load_hf_folder
+        from rillet.core.loaders.hf import load_hf_folder
 
         arch, weights = load_hf_folder(path, dtype)
     model = build_model(arch, make_backend(cfg, arch, device, dtype), dtype, device, cfg.model.max_model_len)
@@ -350,13 +349,13 @@ def _synthetic_runtime(
     )
 
 
-def _detokenizer_factory(tok: Tokenizer) -> Callable[[Sequence], IncrementalDetokenizer]:
+def _detokenizer_factory(tok: Tokenizer) -> Callable[[Seq], IncrementalDetokenizer]:
     table = tok.token_bytes_table()
     special = tok.special_token_ids
     eos = tok.eos_token_ids
     text = token_text_table(table, special)
 
-    def make(seq: Sequence) -> IncrementalDetokenizer:
+    def make(seq: Seq) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(table, special, seq.params, eos, text)
 
     return make

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .structured.spec import GrammarSpec
+from rillet.core.structured.spec import GrammarSpec
 
 GREEDY_EPS = 1e-5  # temperatures below this are greedy (dividing by them overflows float32)
 MAX_LOGPROBS = 20

@@ -40,9 +40,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-
-from .interface import DecodeBatch, DecodeModel
-from .static_buffers import StaticBuffers
+from rillet.graphs.interface import DecodeBatch, DecodeModel
+from rillet.graphs.static_buffers import StaticBuffers
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ A decode step has one new token per sequence, so every per-row tensor has the ba
 axis and `query_start` is simply 0, 1, ..., n. Padding rows (added to reach a captured batch size)
 must never touch real state:
   - token id 0 at position 0, writing its K/V to slot 0, inside block 0: the reserved dummy
-    block that no sequence owns (see core/attention/__init__.py);
+    block that no sequence owns (see core/attention/base.py);
   - context length 1 (just that dummy slot) over a block table of zeros.
 So a padding row attends to one dummy key, stays finite, and its output row is thrown away.
 """

@@ -27,11 +27,10 @@ from contextlib import contextmanager
 from typing import Any, Literal
 
 import torch
-
-from .buckets import resolve_buckets, select_bucket
-from .compiled import MIN_WIDTH, CompiledDecode, compile_decode, mark_batch_dynamic
-from .interface import DecodeBatch, DecodeModel, GraphSettings
-from .static_buffers import StaticBuffers
+from rillet.graphs.buckets import resolve_buckets, select_bucket
+from rillet.graphs.compiled import MIN_WIDTH, CompiledDecode, compile_decode, mark_batch_dynamic
+from rillet.graphs.interface import DecodeBatch, DecodeModel, GraphSettings
+from rillet.graphs.static_buffers import StaticBuffers
 
 logger = logging.getLogger(__name__)
 

@@ -15,8 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from .interface import PAD_BLOCK, PAD_POSITION, PAD_SEQ_LEN, PAD_SLOT, PAD_TOKEN_ID, DecodeBatch
+from rillet.graphs.interface import PAD_BLOCK, PAD_POSITION, PAD_SEQ_LEN, PAD_SLOT, PAD_TOKEN_ID, DecodeBatch
 
 
 @dataclass

@@ -11,10 +11,9 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from rillet.core.config import RilletConfig
-
-from .engine_api import EngineLike
-from .server import HttpServer
-from .state import ServerState
+from rillet.http.app import HttpServer
+from rillet.http.engine_api import EngineLike
+from rillet.http.state import ServerState
 
 T = TypeVar("T")
 

@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _setup_logging(cfg.logging.level)
     if args.command == "worker":
         return _worker(cfg)
-    from .serve import serve  # `rillet config` stays light
+    from rillet.http.serve import serve  # `rillet config` stays light
 
     try:
         return asyncio.run(serve(cfg))

@@ -17,16 +17,15 @@ import uuid
 
 import orjson
 from aiohttp import web
-
-from .chunks import ChunkFormat, Usage
-from .collect import chat_body, collect, completion_body
-from .engine_api import EngineLike
-from .errors import JSON_CONTENT_TYPE, bad_request, queue_full, unavailable
-from .protocol import GenRequest
-from .sse import pump_sse
-from .state import ServerState
-from .stream_state import RequestStream
-from .transport_write import transport_write
+from rillet.http.engine_api import EngineLike
+from rillet.http.openai.chunks import ChunkFormat, Usage
+from rillet.http.openai.errors import JSON_CONTENT_TYPE, bad_request, queue_full, unavailable
+from rillet.http.openai.protocol import GenRequest
+from rillet.http.state import ServerState
+from rillet.http.stream.collect import chat_body, collect, completion_body
+from rillet.http.stream.request_stream import RequestStream
+from rillet.http.stream.sse import pump_sse
+from rillet.http.stream.transport_write import transport_write
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 
 from rillet.core.structured.spec import INSTALL_HINT, GrammarError, GrammarSpec, GrammarUnavailable
-
-from .engine_api import EngineLike
-from .errors import ApiError, bad_request
-from .protocol import GenRequest
+from rillet.http.engine_api import EngineLike
+from rillet.http.openai.errors import ApiError, bad_request
+from rillet.http.openai.protocol import GenRequest
 
 
 async def prepare_grammars(gen: GenRequest, engine: EngineLike, timeout_s: float) -> None:

@@ -8,15 +8,14 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-
-from .connection import read_body
-from .engine_api import EngineLike
-from .errors import JSON_CONTENT_TYPE, ApiError, bad_request, model_not_found
-from .generate import run_generation
-from .grammar_prep import prepare_grammars
-from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from .protocol import GenRequest, Limits, parse_chat, parse_completion
-from .state import ServerState
+from rillet.http.engine_api import EngineLike
+from rillet.http.generate import run_generation
+from rillet.http.grammar_prep import prepare_grammars
+from rillet.http.metrics.registry import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from rillet.http.net.connection import read_body
+from rillet.http.openai.errors import JSON_CONTENT_TYPE, ApiError, bad_request, model_not_found
+from rillet.http.openai.protocol import GenRequest, Limits, parse_chat, parse_completion
+from rillet.http.state import ServerState
 
 STATE: web.AppKey[ServerState] = web.AppKey("rillet_state", ServerState)
 # Bodies above this are parsed and tokenized off the event loop, so a huge prompt does not stall

@@ -21,15 +21,14 @@ import threading
 from typing import Any
 
 from rillet.core.config import ConfigError, RilletConfig
-
-from .engine_api import EngineLike
-from .errors import unavailable
-from .model_path import check_model_path
-from .process_tuning import raise_fd_limit, tune_for_serving
-from .progress import ProgressBar
-from .server import HttpServer
-from .state import ServerState
-from .summary import ready_banner
+from rillet.http.app import HttpServer
+from rillet.http.engine_api import EngineLike
+from rillet.http.launch.banner import ready_banner
+from rillet.http.launch.model_path import check_model_path
+from rillet.http.launch.process_tuning import raise_fd_limit, tune_for_serving
+from rillet.http.launch.progress import ProgressBar
+from rillet.http.openai.errors import unavailable
+from rillet.http.state import ServerState
 
 log = logging.getLogger("rillet.serve")
 
@@ -51,7 +50,7 @@ def _load_engine(cfg: RilletConfig, bar: ProgressBar, release: threading.Event) 
 
     def work() -> None:
         try:
-            from rillet.core.engine import Engine  # imports torch: only when serving
+            from rillet.core.engine.engine import Engine  # imports torch: only when serving
 
             engine = Engine(cfg, progress=bar)
         except BaseException as exc:

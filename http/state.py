@@ -15,15 +15,14 @@ import time
 from typing import Literal
 
 from rillet.core.config import RilletConfig
-
-from .auth import ApiKeys
-from .conn_limits import ConnLimits
-from .dispatcher import Dispatcher
-from .engine_api import EngineLike, engine_exception, vocab_size
-from .errors import unavailable
-from .logprobs import TokenTexts
-from .metrics import Metrics, Sample, engine_samples
-from .protocol import Limits
+from rillet.http.engine_api import EngineLike, engine_exception, vocab_size
+from rillet.http.metrics.registry import Metrics, Sample, engine_samples
+from rillet.http.net.auth import ApiKeys
+from rillet.http.net.conn_limits import ConnLimits
+from rillet.http.openai.errors import unavailable
+from rillet.http.openai.logprobs import TokenTexts
+from rillet.http.openai.protocol import Limits
+from rillet.http.stream.dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
 

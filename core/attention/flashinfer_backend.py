@@ -29,9 +29,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, get_args
 
 import torch
-
-from ..config import FlashinferPrefillKernels
-from . import AttentionBackend, AttentionMetadata, DecodeMetadata
+from rillet.core.attention.base import AttentionBackend, AttentionMetadata, DecodeMetadata
+from rillet.core.config import FlashinferPrefillKernels
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # flashinfer's recommended float workspace (split-k partials)
 TENSOR_CORE_MIN_GROUP = 4  # GQA group at which flashinfer's tensor-core decode wins (as sglang)

@@ -14,8 +14,7 @@ context in the step (the full `max_blocks_per_seq` for a CUDA graph, trimmed on 
 from __future__ import annotations
 
 import torch
-
-from . import DecodeMetadata
+from rillet.core.attention.base import DecodeMetadata
 
 
 def write_decode_kv(

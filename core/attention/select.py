@@ -19,10 +19,9 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
-
-from ..config import AttentionConfig, ConfigError
-from ..model.arch import ModelArch
-from . import AttentionBackend
+from rillet.core.attention.base import AttentionBackend
+from rillet.core.config import AttentionConfig, ConfigError
+from rillet.core.model.arch import ModelArch
 
 
 class AttentionSelection(NamedTuple):
@@ -124,11 +123,11 @@ def create_attention_backend(
     """Builds the backend `name` for a model; `graph_batch_sizes` = the captured decode buckets;
     `flashinfer_prefill_backend` = the kernels of flashinfer's prefill wrapper (fa2 | fa3 | auto)."""
     if name == "torch":
-        from .torch_backend import TorchAttentionBackend
+        from rillet.core.attention.torch_backend import TorchAttentionBackend
 
         return TorchAttentionBackend()
     if name == "flashinfer":
-        from .flashinfer_backend import FlashInferAttentionBackend
+        from rillet.core.attention.flashinfer_backend import FlashInferAttentionBackend
 
         return FlashInferAttentionBackend(
             arch.num_heads,

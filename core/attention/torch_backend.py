@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from . import AttentionBackend, AttentionMetadata, DecodeMetadata
-from .paged_decode import paged_decode_attention
+from rillet.core.attention.base import AttentionBackend, AttentionMetadata, DecodeMetadata
+from rillet.core.attention.paged_decode import paged_decode_attention
 
 
 def write_kv(

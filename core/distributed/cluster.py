@@ -24,20 +24,19 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
+from rillet.core.config import ConfigError, RilletConfig, config_to_dict
+from rillet.core.distributed.comm import TPGroup
+from rillet.core.distributed.liveness import Staleness, describe_exit, heartbeat_key, store_client
+from rillet.core.distributed.plan import ShardPlan, check_shardable
+from rillet.core.distributed.runner import TPRunner
+from rillet.core.distributed.shard_load import load_shard, read_arch
+from rillet.core.distributed.worker import error_key, set_threads, status_key, worker_main
+from rillet.core.loaders.gguf_file import GGUFFile
+from rillet.core.model.arch import ModelArch
+from rillet.core.model.decoder import DecoderModel
+from rillet.core.quant.select import Quantization
+from rillet.core.runner.model_runner import ModelRunner
 from torch._C._distributed_c10d import TCPStore
-
-from ..config import ConfigError, RilletConfig, config_to_dict
-from ..loaders.gguf_file import GGUFFile
-from ..model import DecoderModel
-from ..model.arch import ModelArch
-from ..model_runner import ModelRunner
-from ..quant.select import Quantization
-from .comm import TPGroup
-from .liveness import Staleness, describe_exit, heartbeat_key, store_client
-from .plan import ShardPlan, check_shardable
-from .runner import TPRunner
-from .shard_load import load_shard, read_arch
-from .worker import error_key, set_threads, status_key, worker_main
 
 log = logging.getLogger(__name__)
 

@@ -17,12 +17,11 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from rillet.core.config import RilletConfig
+from rillet.core.distributed import step_io
+from rillet.core.model.decoder import DecoderLayer, DecoderModel
+from rillet.core.runner.step_inputs import StepInputs
 from torch._C._distributed_c10d import PrefixStore, Store
-
-from ..config import RilletConfig
-from ..model import DecoderLayer, DecoderModel
-from ..step_inputs import StepInputs
-from . import step_io
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import time
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
-from ..config import ConfigError, RilletConfig, config_from_dict
-from .cluster import spawn_worker
-from .liveness import describe_exit, store_client
+from rillet.core.config import ConfigError, RilletConfig, config_from_dict
+from rillet.core.distributed.cluster import spawn_worker
+from rillet.core.distributed.liveness import describe_exit, store_client
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..config import ConfigError
-from ..model.arch import ModelArch
-from ..quant.int4 import GROUP
+from rillet.core.config import ConfigError
+from rillet.core.model.arch import ModelArch
+from rillet.core.quant.int4 import GROUP
 
 KEY = "parallel.tensor_parallel_size"
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..model_runner import FatalRunnerError, InflightStep, ModelRunner
-from ..request import Sequence
-from ..sampler import SampleResult
-from ..scheduler import ScheduledBatch
+from rillet.core.engine.scheduler import ScheduledBatch
+from rillet.core.runner.model_runner import FatalRunnerError, InflightStep, ModelRunner
+from rillet.core.runner.sampler import SampleResult
+from rillet.core.sequence import Seq
 
 _DETAIL_CHARS = 160  # of the collective's own error (gloo's run to several sentences)
 
@@ -29,7 +29,7 @@ class TPRunner:
         except Exception as exc:
             raise self.fatal(exc) from exc
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: Seq) -> None:
         self.inner.release(seq)
 
     def poll(self) -> None:

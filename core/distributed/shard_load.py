@@ -16,18 +16,17 @@ from pathlib import Path
 import numpy as np
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from rillet.core.config import RilletConfig
+from rillet.core.distributed.plan import ShardPlan, ShardSpec
+from rillet.core.loaders.dequant import dequantize
+from rillet.core.loaders.gguf import _permuted_heads, arch_from_gguf, expected_names, hf_name
+from rillet.core.loaders.gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
+from rillet.core.loaders.hf import find_hf_folder, load_hf_folder
+from rillet.core.model.arch import ModelArch
+from rillet.core.model.decoder import DecoderModel, build_model
+from rillet.core.model.shapes import shape_arch
+from rillet.core.quant.select import Quantization
 from safetensors import safe_open
-
-from ..config import RilletConfig
-from ..loaders.dequant import dequantize
-from ..loaders.gguf import _permuted_heads, arch_from_gguf, expected_names, hf_name
-from ..loaders.gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
-from ..loaders.hf import find_hf_folder, load_hf_folder
-from ..model import DecoderModel, build_model
-from ..model.arch import ModelArch
-from ..model.shapes import shape_arch
-from ..quant.select import Quantization
-from .plan import ShardPlan, ShardSpec
 
 
 def read_arch(cfg: RilletConfig, kind: str, path: Path | None, header: GGUFFile | None) -> ModelArch:
@@ -52,7 +51,7 @@ def load_shard(
     plan: ShardPlan,
 ) -> DecoderModel:
     """This rank's model: the local architecture (its heads, its intermediate rows), its weights."""
-    from ..runtime import _maybe_quantize, make_backend
+    from rillet.core.runtime import _maybe_quantize, make_backend
 
     local = plan.local_arch()
     backend = make_backend(cfg, local, device, dtype)

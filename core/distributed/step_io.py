@@ -12,9 +12,8 @@ and the other ranks keep no per-sequence state.
 from __future__ import annotations
 
 import torch
-
-from ..attention import AttentionMetadata
-from ..step_inputs import StepInputs
+from rillet.core.attention.base import AttentionMetadata
+from rillet.core.runner.step_inputs import StepInputs
 
 HEADER = 8
 STEP, STOP = 1, 2

@@ -18,17 +18,16 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
+from rillet.core.config import RilletConfig
+from rillet.core.distributed.comm import TPGroup
+from rillet.core.distributed.liveness import Heartbeat, die_with_parent, store_client
+from rillet.core.distributed.plan import ShardPlan
+from rillet.core.distributed.shard_load import load_shard, read_arch
+from rillet.core.loaders.gguf_file import GGUFFile, read_gguf
+from rillet.core.model.decoder import DecoderModel
+from rillet.core.quant.select import resolve_dtype, resolve_quantization
+from rillet.core.runtime import _model_runner, _num_blocks, resolve_device, resolve_model
 from torch._C._distributed_c10d import Store
-
-from ..config import RilletConfig
-from ..loaders.gguf_file import GGUFFile, read_gguf
-from ..model import DecoderModel
-from ..quant.select import resolve_dtype, resolve_quantization
-from ..runtime import _model_runner, _num_blocks, resolve_device, resolve_model
-from .comm import TPGroup
-from .liveness import Heartbeat, die_with_parent, store_client
-from .plan import ShardPlan
-from .shard_load import load_shard, read_arch
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Loading a GGUF checkpoint: architecture and weights under Hugging Face Llama parameter names.
 
-(The tokenizer in the same file is core/tokenizer/__init__.py's: `Tokenizer.from_gguf(path)`.)
+(The tokenizer in the same file is core/tokenizer/tokenizer.py's: `Tokenizer.from_gguf(path)`.)
 
 Tensors are dequantized (core/loaders/dequant.py, bit-identical to `gguf.quants.dequantize`) and handed
 out one at a time in the requested dtype. llama.cpp's converter permutes the rows of Llama's Q and
@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from ..model.arch import ModelArch
-from .dequant import FAST_TYPES, dequantize
-from .gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
-from .weights_cache import cache_file, default_cache_dir, read_cache, write_cache
+from rillet.core.loaders.dequant import FAST_TYPES, dequantize
+from rillet.core.loaders.gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
+from rillet.core.loaders.weights_cache import cache_file, default_cache_dir, read_cache, write_cache
+from rillet.core.model.arch import ModelArch
 
 log = logging.getLogger(__name__)
 

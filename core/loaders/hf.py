@@ -1,6 +1,6 @@
 """Loads a local Hugging Face model folder: config.json + *.safetensors (one file or sharded).
 
-Tokenizer files are only located here (`HFFolder`); reading them is core/tokenizer/__init__.py's job.
+Tokenizer files are only located here (`HFFolder`); reading them is core/tokenizer/tokenizer.py's job.
 transformers >= 5 writes `rope_parameters` (theta and scaling in one dict) instead of the older
 `rope_theta` + `rope_scaling`; `read_hf_config` folds it back into the older keys that
 `ModelArch.from_hf_config` reads.
@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rillet.core.model.arch import ModelArch
 from safetensors import safe_open
-
-from ..model.arch import ModelArch
 
 logger = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..config import ConfigError
-from .arch import ModelArch
+from rillet.core.config import ConfigError
+from rillet.core.model.arch import ModelArch
 
 # The tokenizer is always the default model's (vocab 49152), so every shape uses that vocabulary.
 _VOCAB = 49152

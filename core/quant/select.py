@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-
-from ..config import ConfigError, ModelConfig
-from ..loaders.gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
-from .int4 import GROUP, int4_supported
+from rillet.core.config import ConfigError, ModelConfig
+from rillet.core.loaders.gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
+from rillet.core.quant.int4 import GROUP, int4_supported
 
 Quantization = Literal["none", "int4"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

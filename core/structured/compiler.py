@@ -18,9 +18,9 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from .matcher import GrammarMatcher
-from .schema import close_objects
-from .spec import INSTALL_HINT, GrammarError, GrammarSpec, GrammarUnavailable
+from rillet.core.structured.matcher import GrammarMatcher
+from rillet.core.structured.schema import close_objects
+from rillet.core.structured.spec import INSTALL_HINT, GrammarError, GrammarSpec, GrammarUnavailable
 
 # JSON is generated compactly on one line, with the spacing models saw most in training.
 # No free whitespace: a small model could otherwise fill max_tokens with newlines.

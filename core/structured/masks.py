@@ -30,9 +30,8 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from ..request import Sequence
-from .matcher import GrammarMatcher
+from rillet.core.sequence import Seq
+from rillet.core.structured.matcher import GrammarMatcher
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +156,7 @@ class MaskFiller:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rillet-grammar")
         self.stats = MaskStats()
 
-    def begin(self, seqs: list[Sequence]) -> PendingMask | None:
+    def begin(self, seqs: list[Seq]) -> PendingMask | None:
         """Start the bitmask of the constrained rows among `seqs` (the rows that sample this step)."""
         rows = [i for i, s in enumerate(seqs) if s.grammar is not None]
         if not rows:

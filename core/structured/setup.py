@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 
-from ..config import StructuredConfig
-from ..model_runner import ModelRunner, Runner
-from ..tokenizer import Tokenizer
-from .compiler import GrammarCompiler, grammar_engine_available
-from .masks import MaskFiller
-from .spec import INSTALL_HINT
+from rillet.core.config import StructuredConfig
+from rillet.core.runner.model_runner import ModelRunner, Runner
+from rillet.core.structured.compiler import GrammarCompiler, grammar_engine_available
+from rillet.core.structured.masks import MaskFiller
+from rillet.core.structured.spec import INSTALL_HINT
+from rillet.core.tokenizer.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

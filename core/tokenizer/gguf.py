@@ -14,10 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rillet.core.tokenizer.hf import bos_eos_processor
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as Backend
-
-from .hf import bos_eos_processor
 
 TOKEN_CONTROL = 3  # llama.cpp token types
 TOKEN_USER_DEFINED = 4

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from rillet.core.attention import AttentionMetadata
+from rillet.core.attention.base import AttentionMetadata
 from rillet.core.attention.flashinfer_backend import FlashInferAttentionBackend, page_indices, paged_kv_host
 from rillet.core.attention.torch_backend import TorchAttentionBackend
 from rillet.graphs.interface import DecodeBatch
@@ -331,8 +331,8 @@ def test_padding_slot_minus_one_goes_to_the_dummy_block(fake_flashinfer: types.M
 def test_decode_forward_traces_fullgraph(fake_flashinfer: types.ModuleType) -> None:
     """The model's decode step around the op compiles with no graph break, same result, same K/V
     written to the cache."""
-    from rillet.core.model import allocate_kv_cache, build_model
     from rillet.core.model.arch import ModelArch
+    from rillet.core.model.decoder import allocate_kv_cache, build_model
 
     torch._dynamo.reset()
     arch = ModelArch(
@@ -406,8 +406,8 @@ class Decoder:
 
 def test_decode_compiles_once_for_every_bucket_above_one(fake_flashinfer: types.ModuleType) -> None:
     """GraphRunner's compile contract: row dimension dynamic, no recompile from bucket to bucket."""
-    from rillet.core.model import allocate_kv_cache, build_model
     from rillet.core.model.arch import ModelArch
+    from rillet.core.model.decoder import allocate_kv_cache, build_model
 
     torch._dynamo.reset()
     arch = ModelArch(

@@ -8,7 +8,7 @@ import types
 
 import pytest
 import torch
-from rillet.core.attention import select as sel
+from rillet.core.attention.base import select as sel
 from rillet.core.config import AttentionConfig, ConfigError
 from rillet.core.model.arch import ModelArch
 

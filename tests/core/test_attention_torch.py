@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from rillet.core.attention import AttentionMetadata
+from rillet.core.attention.base import AttentionMetadata
 from rillet.core.attention.torch_backend import TorchAttentionBackend
 
 BS, HQ, HKV, D, NUM_BLOCKS = 4, 6, 2, 8, 40

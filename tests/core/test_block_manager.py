@@ -5,18 +5,18 @@ from __future__ import annotations
 import random
 
 import pytest
-from rillet.core.block_manager import BlockManager
-from rillet.core.request import Sequence
+from rillet.core.engine.block_manager import BlockManager
 from rillet.core.sampling_params import SamplingParams
+from rillet.core.sequence import Seq
 
 _ids = iter(range(10**9))
 
 
-def seq(tokens: list[int]) -> Sequence:
-    return Sequence(next(_ids), "r", list(tokens), SamplingParams(max_tokens=8))
+def seq(tokens: list[int]) -> Seq:
+    return Seq(next(_ids), "r", list(tokens), SamplingParams(max_tokens=8))
 
 
-def run_prefill(bm: BlockManager, s: Sequence, budget: int = 10**6) -> None:
+def run_prefill(bm: BlockManager, s: Seq, budget: int = 10**6) -> None:
     n = bm.admit(s, budget)
     assert n > 0
     s.num_computed += n
@@ -132,7 +132,7 @@ def test_double_free_is_caught() -> None:
 def test_random_workload_never_breaks_integrity() -> None:
     rng = random.Random(0)
     bm = BlockManager(num_blocks=40, block_size=4)
-    live: list[Sequence] = []
+    live: list[Seq] = []
     prefixes = [[rng.randrange(50) for _ in range(rng.randrange(1, 20))] for _ in range(5)]
     for _ in range(2000):
         if live and rng.random() < 0.4:

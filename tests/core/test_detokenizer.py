@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rillet.core.detokenizer import IncrementalDetokenizer, token_text_table
-from rillet.core.request import FinishReason
+from rillet.core.engine.detokenizer import IncrementalDetokenizer, token_text_table
+from rillet.core.engine.stop_checker import StopStrings
 from rillet.core.sampling_params import SamplingParams
-from rillet.core.stop_checker import StopStrings
+from rillet.core.sequence import FinishReason
 
 EOS = 2  # <|im_end|>
 TEXTS = [

@@ -12,8 +12,8 @@ from engine_hooks import hold_first_step
 from rillet.core.config import RilletConfig, config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.loaders.default_model import default_model_path
-from rillet.core.request import FinishReason
 from rillet.core.sampling_params import SamplingParams
+from rillet.core.sequence import FinishReason
 
 PROMPTS = [
     "The capital of France is",

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from rillet.core.config import ConfigError, config_from_dict
-from rillet.core.engine import Engine, resolve_handoff
+from rillet.core.engine.engine import Engine, resolve_handoff
 from rillet.core.sampling_params import SamplingParams
 
 

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import torch
 from rillet.core.config import config_from_dict
-from rillet.core.engine_core import EngineCore
+from rillet.core.engine.core import EngineCore
 from rillet.core.outputs import SeqDelta
-from rillet.core.request import FinishReason, Sequence
 from rillet.core.runtime import Runtime, load_runtime
 from rillet.core.sampling_params import SamplingParams as P
+from rillet.core.sequence import FinishReason, Seq
 
 EOS = 2  # the default tokenizer's <|im_end|>: the tiny model's folder has no tokenizer of its own
 FREQUENT = 160  # a token the tiny model's greedy decode often picks
@@ -97,13 +97,13 @@ class Run:
         return {k: ds[-1].finish_reason for k, ds in self.deltas.items()}
 
 
-def make_seqs(req: Req, ids: itertools.count[int]) -> list[Sequence]:
-    seqs: list[Sequence] = []
+def make_seqs(req: Req, ids: itertools.count[int]) -> list[Seq]:
+    seqs: list[Seq] = []
     for i in range(req.n):
         p = req.params
         if i and p.seed is not None:
             p = P(**{**p.__dict__, "seed": p.seed + i})
-        seq = Sequence(next(ids), req.rid, list(req.prompt), p, index=i)
+        seq = Seq(next(ids), req.rid, list(req.prompt), p, index=i)
         seq.leader = seqs[0] if seqs else None
         seqs.append(seq)
     return seqs
@@ -117,7 +117,7 @@ def drive(rt: Runtime, overlap: bool, workload: list[Req]) -> Run:
     preempted: list[int] = []
     real_preempt = rt.scheduler._preempt
 
-    def spy(seq: Sequence) -> None:
+    def spy(seq: Seq) -> None:
         preempted.append(seq.seq_id)
         real_preempt(seq)
 

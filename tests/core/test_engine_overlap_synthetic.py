@@ -7,14 +7,14 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from rillet.core import synthetic_runner
 from rillet.core.config import ConfigError, config_from_dict
+from rillet.core.engine.overlap import resolve_overlap
+from rillet.core.engine.scheduler import ScheduledBatch
 from rillet.core.llm import LLM
-from rillet.core.overlap import resolve_overlap
-from rillet.core.request import FinishReason, Sequence
+from rillet.core.runner import synthetic as synthetic_runner
+from rillet.core.runner.synthetic import SyntheticRunner
 from rillet.core.sampling_params import SamplingParams
-from rillet.core.scheduler import ScheduledBatch
-from rillet.core.synthetic_runner import SyntheticRunner
+from rillet.core.sequence import FinishReason, Seq
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def test_async_null_engine_launches_at_once_and_queues_steps_on_a_device_timelin
         synthetic_runner, "time", SimpleNamespace(perf_counter=time.perf_counter, sleep=sleep)
     )
     runner = SyntheticRunner(step_ms=50.0, token_pool=list(range(100, 200)), asynchronous=True)
-    seqs = [Sequence(i, f"r{i}", [i + 1, 2, 3], SamplingParams()) for i in range(3)]
+    seqs = [Seq(i, f"r{i}", [i + 1, 2, 3], SamplingParams()) for i in range(3)]
     batch = ScheduledBatch(seqs=list(seqs), num_new=[3, 3, 3])
     t0 = time.perf_counter()
     first = runner.launch(batch)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rillet.core.config import config_from_dict
-from rillet.core.engine import Engine
+from rillet.core.engine.engine import Engine
 from rillet.core.sampling_params import SamplingParams
 
 

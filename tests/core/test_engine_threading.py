@@ -8,10 +8,10 @@ import time
 import pytest
 from engine_hooks import hold_steps
 from rillet.core.config import config_from_dict
-from rillet.core.engine import Engine, QueueFullError
+from rillet.core.engine.engine import Engine, QueueFullError
 from rillet.core.llm import LLM
-from rillet.core.request import FinishReason
 from rillet.core.sampling_params import SamplingParams
+from rillet.core.sequence import FinishReason
 
 
 @pytest.fixture(scope="module")

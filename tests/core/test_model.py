@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 import torch
-from rillet.core.attention import AttentionMetadata
+from rillet.core.attention.base import AttentionMetadata
 from rillet.core.attention.torch_backend import TorchAttentionBackend
 from rillet.core.loaders.hf import load_hf_folder
-from rillet.core.model import DecoderModel, allocate_kv_cache, build_model
+from rillet.core.model.decoder import DecoderModel, allocate_kv_cache, build_model
 
 BLOCK = 4
 LLAMA3 = {

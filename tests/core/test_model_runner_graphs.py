@@ -7,12 +7,12 @@ from typing import Any
 
 import torch
 from rillet.core.config import GraphConfig, config_from_dict
+from rillet.core.engine.scheduler import ScheduledBatch
 from rillet.core.llm import LLM
-from rillet.core.model_runner import DecoderGraphAdapter, ModelRunner
-from rillet.core.request import Sequence
+from rillet.core.runner.model_runner import DecoderGraphAdapter, ModelRunner
+from rillet.core.runner.step_inputs import InputBuilder
 from rillet.core.sampling_params import SamplingParams
-from rillet.core.scheduler import ScheduledBatch
-from rillet.core.step_inputs import InputBuilder
+from rillet.core.sequence import Seq
 from rillet.graphs.runner import GraphRunner
 
 
@@ -80,8 +80,8 @@ def test_decode_only_step_with_a_non_final_one_token_chunk(tiny_hf_model: Any) -
         )
         results = []
         for runner, blocks in ((eager, (1, 2)), (padded, (3, 4))):
-            a = Sequence(0, "a", [11, 12, 13, 14, 15, 16], greedy, block_table=[blocks[0]])
-            b = Sequence(1, "b", [21, 22, 23, 24, 25], greedy, block_table=[blocks[1]])
+            a = Seq(0, "a", [11, 12, 13, 14, 15, 16], greedy, block_table=[blocks[0]])
+            b = Seq(1, "b", [21, 22, 23, 24, 25], greedy, block_table=[blocks[1]])
             seqs, out = runner.step(ScheduledBatch([a, b], [6, 3]))  # a's whole prompt, b's first 3
             assert seqs == [a]
             a.output_ids.append(out.token_ids[0])

@@ -53,7 +53,7 @@ def test_wheel_holds_the_three_packages_and_nothing_else(tmp_path: Path) -> None
         assert f"rillet/core/{sub}/__init__.py" in code, sub
     assert all(n.startswith(("rillet/core/", "rillet/http/", "rillet/graphs/")) for n in code), code
     assert not any(n.endswith("setup.py") or n.startswith(("tests/", "bench/")) for n in names)
-    # the browser page (http/ui.py) is package data: every static file ships, byte for byte
+    # the browser page (http/ui/routes.py) is package data: every static file ships, byte for byte
     static = sorted(p.name for p in (REPO / "http" / "static").iterdir())
     assert "index.html" in static and "app.js" in static
     with zipfile.ZipFile(wheel) as zf:

@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 import torch
-from rillet.core import sampler as sampler_module
-from rillet.core.request import Sequence
-from rillet.core.sampler import (
+from rillet.core.runner import sampler as sampler_module
+from rillet.core.runner.sampler import (
     Sampler,
     TokenHistory,
     apply_min_p,
@@ -17,6 +16,7 @@ from rillet.core.sampler import (
     apply_top_k_top_p,
 )
 from rillet.core.sampling_params import SamplingParams
+from rillet.core.sequence import Seq
 
 CPU = torch.device("cpu")
 EOS = 3
@@ -26,8 +26,8 @@ PROBS = [0.3, 0.2, 0.15, 0.1, 0.08, 0.07, 0.05, 0.03, 0.01, 0.01]
 
 def seq(
     seq_id: int, prompt: list[int] | None = None, output: list[int] | None = None, **params: Any
-) -> Sequence:
-    s = Sequence(
+) -> Seq:
+    s = Seq(
         seq_id=seq_id, request_id=f"r{seq_id}", prompt_ids=prompt or [0], params=SamplingParams(**params)
     )
     s.output_ids = list(output or [])

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from rillet.core.block_manager import BlockManager
 from rillet.core.config import SchedulerConfig
-from rillet.core.request import FinishReason, SeqStatus, Sequence
+from rillet.core.engine.block_manager import BlockManager
+from rillet.core.engine.scheduler import ScheduledBatch, Scheduler
 from rillet.core.sampling_params import SamplingParams
-from rillet.core.scheduler import ScheduledBatch, Scheduler
+from rillet.core.sequence import FinishReason, Seq, SeqStatus
 
 
 def make(num_blocks: int = 64, block_size: int = 4, seqs: int = 8, tokens: int = 64) -> Scheduler:
@@ -16,13 +16,13 @@ def make(num_blocks: int = 64, block_size: int = 4, seqs: int = 8, tokens: int =
     )
 
 
-def new(i: int, prompt_len: int, max_tokens: int = 4) -> Sequence:
-    return Sequence(
+def new(i: int, prompt_len: int, max_tokens: int = 4) -> Seq:
+    return Seq(
         i, f"r{i}", [(i * 31 + k) % 97 + 1 for k in range(prompt_len)], SamplingParams(max_tokens=max_tokens)
     )
 
 
-def fake_step(s: Scheduler, batch: ScheduledBatch) -> list[Sequence]:
+def fake_step(s: Scheduler, batch: ScheduledBatch) -> list[Seq]:
     """Advances like the engine: computed tokens grow, sampled tokens append, finished ones leave."""
     done = []
     for seq, n in zip(batch.seqs, batch.num_new, strict=True):
@@ -121,7 +121,7 @@ def test_finish_while_waiting_frees_nothing_twice() -> None:
 def test_n_copies_wait_for_leader_prefill_then_share_its_blocks() -> None:
     s = make(num_blocks=64, block_size=4, tokens=64)
     leader = new(0, 13, max_tokens=3)
-    copy = Sequence(1, "r0", list(leader.prompt_ids), SamplingParams(max_tokens=3), index=1, leader=leader)
+    copy = Seq(1, "r0", list(leader.prompt_ids), SamplingParams(max_tokens=3), index=1, leader=leader)
     s.add(leader)
     s.add(copy)
     b = s.schedule()

@@ -6,12 +6,12 @@ from __future__ import annotations
 import random
 
 import torch
-from rillet.core.block_manager import BlockManager
 from rillet.core.config import SchedulerConfig
-from rillet.core.request import FinishReason, Sequence
+from rillet.core.engine.block_manager import BlockManager
+from rillet.core.engine.scheduler import ScheduledBatch, Scheduler
+from rillet.core.runner.step_inputs import InputBuilder, StepInputs, order_batch
 from rillet.core.sampling_params import SamplingParams
-from rillet.core.scheduler import ScheduledBatch, Scheduler
-from rillet.core.step_inputs import InputBuilder, StepInputs, order_batch
+from rillet.core.sequence import FinishReason, Seq
 
 CPU = torch.device("cpu")
 
@@ -50,7 +50,7 @@ def test_builder_matches_a_from_scratch_build_through_preemption_and_turnover() 
     sched = Scheduler(SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=20), BlockManager(18, bs))
     builder = InputBuilder(bs, CPU, rows=2, width=2)  # small: rows and width must grow
     seqs = [
-        Sequence(i, f"r{i}", [rng.randrange(1, 99) for _ in range(rng.randrange(1, 30))], SamplingParams())
+        Seq(i, f"r{i}", [rng.randrange(1, 99) for _ in range(rng.randrange(1, 30))], SamplingParams())
         for i in range(14)
     ]
     for seq in seqs:
@@ -79,7 +79,7 @@ def test_only_changed_table_entries_are_sent() -> None:
     bs = 4
     sched = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=2048), BlockManager(400, bs))
     builder = InputBuilder(bs, CPU)
-    seqs = [Sequence(i, f"r{i}", list(range(1, 160)), SamplingParams(max_tokens=100)) for i in range(8)]
+    seqs = [Seq(i, f"r{i}", list(range(1, 160)), SamplingParams(max_tokens=100)) for i in range(8)]
     for seq in seqs:
         sched.add(seq)
     for step in range(12):
@@ -101,8 +101,8 @@ def test_a_pending_decode_input_comes_from_the_future_buffer() -> None:
     bs = 4
     sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64), BlockManager(40, bs))
     builder = InputBuilder(bs, CPU)
-    a = Sequence(0, "a", [5, 6, 7], SamplingParams())
-    b = Sequence(1, "b", [8, 9], SamplingParams())
+    a = Seq(0, "a", [5, 6, 7], SamplingParams())
+    b = Seq(1, "b", [8, 9], SamplingParams())
     sched.add(a)
     sched.add(b)
     first = builder.build(sched.schedule())  # prefill both; both sample

@@ -11,18 +11,18 @@ import pytest
 import torch
 from engine_hooks import hold_first_step
 from rillet.core.config import config_from_dict
+from rillet.core.engine.scheduler import Scheduler
 from rillet.core.llm import LLM
 from rillet.core.loaders.default_model import default_model_path
-from rillet.core.request import Sequence
-from rillet.core.sampler import Sampler
+from rillet.core.runner.sampler import Sampler
 from rillet.core.sampling_params import SamplingParams
-from rillet.core.scheduler import Scheduler
+from rillet.core.sequence import Seq
 from rillet.core.structured.compiler import GrammarCompiler
 from rillet.core.structured.masks import MaskFiller
 from rillet.core.structured.matcher import GrammarViolation
 from rillet.core.structured.schema import close_objects
 from rillet.core.structured.spec import GrammarError, GrammarSpec
-from rillet.core.tokenizer import Tokenizer
+from rillet.core.tokenizer.tokenizer import Tokenizer
 
 pytest.importorskip("llguidance")
 
@@ -77,8 +77,8 @@ def test_matcher_accepts_valid_tokens_and_refuses_others(compiler: GrammarCompil
         bad.accept(tok.encode("hello", add_special_tokens=False)[0])
 
 
-def _seq(i: int, grammar: Any, output: list[int]) -> Sequence:
-    seq = Sequence(i, f"r{i}", [1, 2, 3], SamplingParams(temperature=0.0))
+def _seq(i: int, grammar: Any, output: list[int]) -> Seq:
+    seq = Seq(i, f"r{i}", [1, 2, 3], SamplingParams(temperature=0.0))
     seq.grammar, seq.output_ids = grammar, list(output)
     return seq
 
@@ -119,7 +119,7 @@ def test_lazy_masks_give_the_tokens_of_full_masks(
     logits[::2, digit] = 50.0  # even rows: the unmasked argmax is an allowed digit; odd: refused
     sampler = Sampler(49152, tok.eos_token_ids, torch.device("cpu"))
 
-    def seqs(logprobs_row: int | None) -> list[Sequence]:
+    def seqs(logprobs_row: int | None) -> list[Seq]:
         out = [_seq(i, compiler.matcher(SPEC) if i != 0 else None, prefix) for i in range(rows)]
         if logprobs_row is not None:
             out[logprobs_row].params = SamplingParams(temperature=0.0, logprobs=2)
@@ -204,7 +204,7 @@ def _generate(
             hold_first_step(llm.engine, len(prompts))
             original = Scheduler._preempt
 
-            def counting(self: Scheduler, seq: Sequence) -> None:
+            def counting(self: Scheduler, seq: Seq) -> None:
                 counter.append(seq.seq_id)
                 original(self, seq)
 
@@ -229,7 +229,7 @@ def test_preempted_and_prefix_cached_sequences_keep_their_grammar_state() -> Non
 
 
 def test_overlapped_engine_runs_grammar_rows_exactly() -> None:
-    # a constrained row needs its previous token on the host before its next mask (core/overlap.py):
+    # a constrained row needs its previous token on the host before its next mask (core/engine/overlap.py):
     # with engine.overlap on, the engine lands each step before scheduling such rows
     prompts = [f"Item list number {i}, please." for i in range(3)]
     cache = {"num_blocks": 256, "block_size": 16, "prefix_caching": False}

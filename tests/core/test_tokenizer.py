@@ -14,9 +14,9 @@ from typing import Any
 import gguf
 import pytest
 from rillet.core.loaders.default_model import default_model_path
-from rillet.core.tokenizer import Tokenizer
 from rillet.core.tokenizer.chat_template import ChatTemplateError
 from rillet.core.tokenizer.gguf import bytes_to_unicode
+from rillet.core.tokenizer.tokenizer import Tokenizer
 
 TEXTS = [
     "",

@@ -11,7 +11,7 @@ from rillet.core.config import RilletConfig, config_from_dict
 from rillet.core.llm import LLM, RequestOutput
 from rillet.core.loaders.default_model import default_model_path
 from rillet.core.sampling_params import SamplingParams
-from rillet.core.tokenizer import Tokenizer
+from rillet.core.tokenizer.tokenizer import Tokenizer
 from tp_helpers import TINY_TP
 
 Prompts = list[list[int]]

@@ -133,7 +133,7 @@ def test_rank0_killed_takes_its_workers(start: Start) -> None:
 def test_engine_fail_from_another_thread_stops_an_idle_engine() -> None:
     """What the monitor calls when a rank dies between steps: the engine thread dies at once,
     and requests are refused as dead."""
-    from rillet.core.engine import Engine, EngineDeadError
+    from rillet.core.engine.engine import Engine, EngineDeadError
     from rillet.core.sampling_params import SamplingParams
 
     engine = Engine(load_config(None, SYNTH_OVERRIDES))

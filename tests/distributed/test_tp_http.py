@@ -36,7 +36,7 @@ def tp_server() -> Iterator[Rillet]:
 
 @pytest.fixture(scope="module")
 def reference() -> Iterator[openai.OpenAI]:
-    from rillet.core.engine import Engine
+    from rillet.core.engine.engine import Engine
 
     engine = Engine(load_config(None, [*SETS, "model.num_threads=1"]))
     engine.start()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from rillet.core.attention import AttentionMetadata
+from rillet.core.attention.base import AttentionMetadata
 from rillet.core.config import ConfigError, config_from_dict
 from rillet.core.distributed import step_io
 from rillet.core.distributed.plan import ShardPlan, check_shardable
@@ -20,7 +20,7 @@ from rillet.core.loaders.gguf import arch_from_gguf, iter_gguf_weights
 from rillet.core.loaders.gguf_file import read_gguf
 from rillet.core.loaders.hf import find_hf_folder, iter_safetensors, load_hf_folder
 from rillet.core.model.shapes import SHAPES
-from rillet.core.step_inputs import StepInputs
+from rillet.core.runner.step_inputs import StepInputs
 from tp_helpers import TINY_TP
 
 KEY = "parallel.tensor_parallel_size"

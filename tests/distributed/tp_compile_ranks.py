@@ -5,12 +5,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 import torch
-from rillet.core.attention import AttentionMetadata
+from rillet.core.attention.base import AttentionMetadata
 from rillet.core.attention.torch_backend import TorchAttentionBackend
 from rillet.core.config import config_from_dict
 from rillet.core.distributed.comm import TPGroup
 from rillet.core.distributed.plan import ShardPlan
-from rillet.core.model import DecoderModel, allocate_kv_cache, build_model
+from rillet.core.model.decoder import DecoderModel, allocate_kv_cache, build_model
 from rillet.core.model.shapes import SHAPES
 from torch._C._distributed_c10d import TCPStore
 

@@ -211,8 +211,8 @@ def test_the_engine_polls_its_runner_on_its_own_thread(monkeypatch: pytest.Monke
     """Engine._run calls runner.poll() on the engine thread, idle or stepping."""
     from rillet.core.config import config_from_dict
     from rillet.core.llm import LLM
+    from rillet.core.runner.synthetic import SyntheticRunner
     from rillet.core.sampling_params import SamplingParams
-    from rillet.core.synthetic_runner import SyntheticRunner
 
     seen: list[int] = []
     monkeypatch.setattr(SyntheticRunner, "poll", lambda self: seen.append(threading.get_ident()))

@@ -19,11 +19,11 @@ import torch
 from rillet.core.attention.torch_backend import TorchAttentionBackend
 from rillet.core.config import CompileMode, GraphConfig, config_from_dict
 from rillet.core.llm import LLM
-from rillet.core.model import allocate_kv_cache, build_model
+from rillet.core.model.decoder import allocate_kv_cache, build_model
 from rillet.core.model.shapes import shape_arch
-from rillet.core.model_runner import DecoderGraphAdapter, ModelRunner
-from rillet.core.request import TokenLogprob
+from rillet.core.runner.model_runner import DecoderGraphAdapter, ModelRunner
 from rillet.core.sampling_params import SamplingParams
+from rillet.core.sequence import TokenLogprob
 from rillet.graphs.compiled import resolve_compile_mode
 from rillet.graphs.interface import DecodeBatch
 from rillet.graphs.runner import GraphRunner

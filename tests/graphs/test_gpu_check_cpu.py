@@ -24,7 +24,7 @@ from gpu_greedy import compare_greedy, rejudge
 from gpu_logits import logit_stats
 from rillet.core.config import load_config
 from rillet.core.llm import CompletionOutput
-from rillet.core.request import TokenLogprob
+from rillet.core.sequence import TokenLogprob
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -238,7 +238,7 @@ def test_gpu_run_passes_the_budget_clock_and_collects_flashinfer_logs() -> None:
 
 def test_tokenizer_only_gguf_matches_the_default_model(tmp_path: Path) -> None:
     from rillet.core.loaders.default_model import default_model_path
-    from rillet.core.tokenizer import Tokenizer
+    from rillet.core.tokenizer.tokenizer import Tokenizer
 
     path = tmp_path / "tok.gguf"
     size = gpu_plan.write_tokenizer_gguf(path)

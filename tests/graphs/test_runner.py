@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from rillet.core.attention import AttentionMetadata
+from rillet.core.attention.base import AttentionMetadata
 from rillet.core.attention.torch_backend import TorchAttentionBackend
-from rillet.core.model import DecoderModel, KVCache, allocate_kv_cache, build_model
 from rillet.core.model.arch import ModelArch
+from rillet.core.model.decoder import DecoderModel, KVCache, allocate_kv_cache, build_model
 from rillet.graphs.interface import DecodeBatch
 from rillet.graphs.runner import GraphRunner, resolve_decode_mode
 

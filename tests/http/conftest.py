@@ -18,7 +18,7 @@ from rillet.http.background import BackgroundServer
 
 @pytest.fixture(scope="session")
 def synthetic_engine() -> Iterator[Any]:
-    from rillet.core.engine import Engine
+    from rillet.core.engine.engine import Engine
 
     engine = Engine(load_config(None, SYNTH_OVERRIDES))
     engine.start()
@@ -29,7 +29,7 @@ def synthetic_engine() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def default_engine() -> Iterator[Any]:
     """The real default model (SmolLM2-135M, fp32 CPU): keep max_tokens small."""
-    from rillet.core.engine import Engine
+    from rillet.core.engine.engine import Engine
 
     # quantization pinned to none: the default (auto) would run this model with int4 weights
     overrides = ["model.quantization=none", "model.max_model_len=512", "scheduler.max_num_seqs=8"]

@@ -17,9 +17,9 @@ from typing import Any
 
 from rillet.core.config import RilletConfig
 from rillet.core.outputs import SeqDelta, StepOutput
-from rillet.core.request import FinishReason, TokenLogprob
 from rillet.core.ring import RingClosed, SpscRing
 from rillet.core.sampling_params import SamplingParams
+from rillet.core.sequence import FinishReason, TokenLogprob
 
 TEXT = b"The quick brown fox jumps over the lazy dog. "
 EOS = 256

@@ -11,13 +11,13 @@ from fake_engine import FakeTokenizer
 from http_helpers import sse_events
 from rillet.core.config import StreamConfig
 from rillet.core.outputs import SeqDelta
-from rillet.core.request import FinishReason
-from rillet.http import sse
-from rillet.http.chunks import ChunkFormat, Usage
-from rillet.http.coalesce import coalesce
-from rillet.http.logprobs import TokenTexts
-from rillet.http.sse import pump_sse
-from rillet.http.stream_state import RequestStream
+from rillet.core.sequence import FinishReason
+from rillet.http.openai.chunks import ChunkFormat, Usage
+from rillet.http.openai.logprobs import TokenTexts
+from rillet.http.stream import sse
+from rillet.http.stream.coalesce import coalesce
+from rillet.http.stream.request_stream import RequestStream
+from rillet.http.stream.sse import pump_sse
 
 
 def delta(text: str, index: int = 0, finish: FinishReason | None = None, ntok: int | None = None) -> SeqDelta:
@@ -182,7 +182,7 @@ def test_usage_chunk_and_logprobs_events() -> None:
 
         fmt = ChunkFormat(False, "cmpl-x", 0, "m", 1, True, TokenTexts(FakeTokenizer()))
         task = asyncio.create_task(pump_sse(stream, fmt, Usage([3], 1), write, StreamConfig(), b""))
-        from rillet.core.request import TokenLogprob
+        from rillet.core.sequence import TokenLogprob
 
         lp = [TokenLogprob(104, -0.5, [(104, -0.5), (105, -1.0)])]
         _push(stream, SeqDelta("r", 0, [104], "h", lp, None, 3, 1, 1))

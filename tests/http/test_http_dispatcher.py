@@ -10,8 +10,8 @@ import pytest
 from http_helpers import until, wait_for
 from rillet.core.outputs import SeqDelta, StepOutput
 from rillet.core.ring import SpscRing
-from rillet.http.dispatcher import Dispatcher
-from rillet.http.stream_state import RequestStream
+from rillet.http.stream.dispatcher import Dispatcher
+from rillet.http.stream.request_stream import RequestStream
 
 
 def parked(ring: SpscRing[StepOutput]) -> bool:

@@ -32,7 +32,7 @@ def test_stdlib_http_wins_from_the_repo_root() -> None:
 
 def test_the_server_modules_load_without_torch() -> None:
     code = (
-        "import sys, rillet.http.server, rillet.http.cli, rillet.http.background; "
+        "import sys, rillet.http.app, rillet.http.cli, rillet.http.background; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)

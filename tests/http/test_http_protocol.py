@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 from fake_engine import FakeTokenizer
-from rillet.http.errors import ApiError
-from rillet.http.protocol import Limits, parse_chat, parse_completion
+from rillet.http.openai.errors import ApiError
+from rillet.http.openai.protocol import Limits, parse_chat, parse_completion
 
 LIMITS = Limits("m", max_model_len=100, max_tokens_cap=80, default_max_tokens=50, max_n=4, vocab_size=257)
 TOK = FakeTokenizer()

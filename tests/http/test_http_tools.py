@@ -14,8 +14,8 @@ import openai
 import pytest
 from fake_engine import FakeEngine, FakeTokenizer
 from http_helpers import serving
-from rillet.http.protocol import Limits, parse_chat
-from rillet.http.tool_prompt import TOOLS_INTRO
+from rillet.http.openai.protocol import Limits, parse_chat
+from rillet.http.openai.tool_prompt import TOOLS_INTRO
 
 TOOLS = [
     {

@@ -9,7 +9,7 @@ import pytest
 from http_helpers import assert_error, request, serving
 from rillet.core.config import ConfigError, load_config
 from rillet.http.background import BackgroundServer
-from rillet.http.ui import CSP, STATIC_DIR, StaticUi
+from rillet.http.ui.routes import CSP, STATIC_DIR, StaticUi
 
 ASSETS = sorted(p.name for p in STATIC_DIR.iterdir() if p.name != "index.html")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from rillet.http.loop_histogram import LoopHistogram
+from rillet.http.metrics.loop_histogram import LoopHistogram
 
 
 def test_same_exposition_as_prometheus_client() -> None:

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 from rillet.core.config import ConfigError, config_from_dict
-from rillet.http.process_tuning import freeze_heap, lower_thread_priority
+from rillet.http.launch.process_tuning import freeze_heap, lower_thread_priority
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux behaviour")

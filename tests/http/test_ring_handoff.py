@@ -9,8 +9,8 @@ import time
 from http_helpers import until
 from rillet.core.outputs import SeqDelta, StepOutput
 from rillet.core.ring import SpscRing
-from rillet.http.dispatcher import Dispatcher
-from rillet.http.stream_state import RequestStream
+from rillet.http.stream.dispatcher import Dispatcher
+from rillet.http.stream.request_stream import RequestStream
 
 
 def _step(i: int) -> StepOutput:

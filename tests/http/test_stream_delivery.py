@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 
 from rillet.core.outputs import SeqDelta, StepOutput
-from rillet.core.request import FinishReason
 from rillet.core.ring import SpscRing
-from rillet.http.dispatcher import Dispatcher
-from rillet.http.stream_state import RequestStream
+from rillet.core.sequence import FinishReason
+from rillet.http.stream.dispatcher import Dispatcher
+from rillet.http.stream.request_stream import RequestStream
 
 
 def delta(text: str, finish: FinishReason | None = None) -> SeqDelta:
@@ -77,8 +77,8 @@ def test_a_routing_pass_delivers_each_stream_once_however_many_steps_it_took() -
 def test_a_non_streaming_collector_folds_deltas_as_they_come() -> None:
     """collect() sets the stream's sink: deltas are folded into the result when pushed, nothing is
     kept pending (no objects piling up until the end), and the consumer wakes once, at the end."""
-    from rillet.http.chunks import Usage
-    from rillet.http.collect import collect
+    from rillet.http.openai.chunks import Usage
+    from rillet.http.stream.collect import collect
 
     async def scenario() -> tuple[list[int], str, str | None, int]:
         stream = RequestStream("r", 1)
@@ -103,9 +103,9 @@ def test_a_non_streaming_collector_folds_deltas_as_they_come() -> None:
 
 def test_a_non_streaming_collector_raises_a_failed_choice_at_the_end() -> None:
     import pytest
-    from rillet.http.chunks import Usage
-    from rillet.http.collect import collect
-    from rillet.http.errors import ApiError
+    from rillet.http.openai.chunks import Usage
+    from rillet.http.openai.errors import ApiError
+    from rillet.http.stream.collect import collect
 
     async def scenario() -> None:
         stream = RequestStream("r", 1)

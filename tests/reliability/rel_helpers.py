@@ -37,7 +37,7 @@ COMP = "/v1/completions"
 @contextmanager
 def engine_with(*overrides: str) -> Iterator[Any]:
     """A started `Engine` on SYNTH plus `overrides`; shut down afterwards."""
-    from rillet.core.engine import Engine
+    from rillet.core.engine.engine import Engine
 
     engine = Engine(load_config(None, [*SYNTH, *overrides]))
     engine.start()

@@ -23,8 +23,8 @@ from rel_helpers import (
     served,
     wait_for,
 )
-from rillet.core.request import FinishReason
 from rillet.core.sampling_params import SamplingParams
+from rillet.core.sequence import FinishReason
 
 CLIENTS = 16
 ROOM = 2 + 4  # running + waiting

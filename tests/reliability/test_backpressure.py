@@ -20,9 +20,10 @@ from rel_helpers import (
     stream_text,
     wait_for,
 )
-from rillet.http import generate, sse
+from rillet.http import generate
 from rillet.http.background import BackgroundServer
-from rillet.http.stream_state import RequestStream
+from rillet.http.stream import sse
+from rillet.http.stream.request_stream import RequestStream
 
 # Handoff on (with a timeout no machine reaches): the engine runs a step only once the loop has
 # routed the previous one, so what piles up before the cut is bounded by the socket's and the
@@ -52,7 +53,7 @@ def _cut_logged(caplog: pytest.LogCaptureFixture) -> bool:
 def test_stalled_reader_is_cut_off_and_disconnected(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="rillet.http.dispatcher")
+    caplog.set_level(logging.WARNING, logger="rillet.http.stream.dispatcher")
     monkeypatch.setattr(generate, "CUT_OFF_GRACE_S", 0.5)  # the grace ends while nothing is read
     with served(*CUT) as (engine, srv):
 
@@ -83,7 +84,7 @@ def test_stalled_reader_is_cut_off_and_disconnected(
 def test_slow_reader_that_catches_up_gets_the_error_event(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="rillet.http.dispatcher")
+    caplog.set_level(logging.WARNING, logger="rillet.http.stream.dispatcher")
     monkeypatch.setattr(generate, "CUT_OFF_GRACE_S", 60.0)  # it starts reading within any grace
     with served(*CUT) as (engine, srv):
 

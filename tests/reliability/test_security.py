@@ -12,8 +12,8 @@ import orjson
 import pytest
 from rel_helpers import CHAT, COMP, is_openai_error, post, request, served
 from rillet.core.loaders.default_model import default_model_path
-from rillet.http.auth import ApiKeys
 from rillet.http.background import BackgroundServer
+from rillet.http.net.auth import ApiKeys
 
 LIMITS = (
     "model.synthetic_step_ms=0",

@@ -1,4 +1,4 @@
-"""Slow and idle connections, one mechanism at a time, over raw sockets (http/connection.py).
+"""Slow and idle connections, one mechanism at a time, over raw sockets (http/net/connection.py).
 
 Deadlines are short here (1 s) so each test is quick; assertions are on what happens (closed, 408,
 counted), with lower bounds on time only (a timer never fires early; on a busy machine it fires late).
@@ -18,7 +18,7 @@ import orjson
 import pytest
 from rel_helpers import COMP, is_openai_error, request, served, wait_for
 from rillet.http.background import BackgroundServer
-from rillet.http.conn_limits import effective_cap
+from rillet.http.net.conn_limits import effective_cap
 
 DEADLINE_S = 1.0
 DEADLINES = (
@@ -248,7 +248,7 @@ def test_raise_fd_limit_lifts_soft_to_hard() -> None:
         "import resource, logging; logging.basicConfig(level=logging.INFO)\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))\n"
-        "from rillet.http.process_tuning import raise_fd_limit\n"
+        "from rillet.http.launch.process_tuning import raise_fd_limit\n"
         "assert raise_fd_limit() == (hard, hard) == resource.getrlimit(resource.RLIMIT_NOFILE)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -1,6 +1,6 @@
 """What aiohttp's HTTP parser refuses comes back in the OpenAI error shape, over raw sockets.
 
-aiohttp answers these itself (text/plain 400s) before any middleware runs; http/connection.py
+aiohttp answers these itself (text/plain 400s) before any middleware runs; http/net/connection.py
 overrides `RequestHandler.handle_error` for them, so these tests pin that aiohttp internal. A bad
 chunk arriving while the handler already reads the body used to leave the request waiting forever
 (aiohttp queued the error behind it); it is now that request's answer.

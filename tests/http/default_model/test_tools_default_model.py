@@ -3,7 +3,7 @@
 final turn under `auto`; streamed tool-call deltas in OpenAI's shape; bad tool definitions are 400s.
 
 The default SmolLM2 template does not render tools, so they reach the model through the system
-prompt (http/tool_prompt.py), and forced calls are constrained by the tools' schemas.
+prompt (http/openai/tool_prompt.py), and forced calls are constrained by the tools' schemas.
 """
 
 from __future__ import annotations

@@ -1,0 +1,210 @@
+"""Block accounting for the paged KV cache, with automatic prefix caching. No tensors here.
+
+Every KV block is in exactly one of three states:
+  used        ref_count > 0: held by one or more running sequences
+  cached-free ref_count == 0 but its K/V are a known full block of tokens (it has a key); it stays
+              reusable until the pool needs it, least recently freed first out
+  free        ref_count == 0 and no key
+Block 0 is the reserved dummy block (padding rows of a batch point at it) and is never handed out.
+
+Prefix caching: a full block is identified by a chained key (parent hash, its tokens), so a key
+covers every token before it. On admission a sequence takes every leading full block whose key is
+in the table and prefills only the rest; the last token is always recomputed so there are logits to
+sample from. Blocks are registered once all their tokens have K/V in the cache.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from rillet.core.sequence import Seq
+
+BlockKey = tuple[int, tuple[int, ...]]  # (hash of the parent key or 0, the block's tokens)
+
+
+@dataclass
+class PrefixStats:
+    queried_tokens: int = 0  # prompt tokens looked up at admission
+    hit_tokens: int = 0  # of those, reused from the cache
+    evictions: int = 0  # cached blocks dropped to make room
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 2:
+            raise ValueError("num_blocks must be >= 2 (block 0 is reserved)")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_count = [0] * num_blocks
+        self._free: list[int] = list(range(num_blocks - 1, 0, -1))  # pop() hands out low ids first
+        self._cached_free: OrderedDict[int, None] = OrderedDict()  # LRU: first = evicted first
+        self._key_of: dict[int, BlockKey] = {}
+        self._block_of: dict[BlockKey, int] = {}
+        # Chained hashes of each running sequence's full, registered blocks, by seq_id.
+        self._seq_hashes: dict[int, list[int]] = {}
+        self.stats = PrefixStats()
+
+    # ---- capacity ---------------------------------------------------------------------------
+    @property
+    def num_usable(self) -> int:
+        return self.num_blocks - 1
+
+    @property
+    def num_free(self) -> int:
+        """Blocks a new allocation can take (free + evictable cached)."""
+        return len(self._free) + len(self._cached_free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_usable - self.num_free
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._key_of)
+
+    def blocks_needed(self, seq: Seq, num_tokens: int) -> int:
+        return max(0, -(-num_tokens // self.block_size) - len(seq.block_table))
+
+    # ---- admission with prefix lookup --------------------------------------------------------
+    def match_prefix(self, seq: Seq) -> list[int]:
+        """Cached blocks that hold the leading full blocks of `seq` (never its last token)."""
+        return self._lookup(seq)[0]
+
+    def _lookup(self, seq: Seq) -> tuple[list[int], list[int]]:
+        """(hit blocks, their chained hashes), so admission need not hash the prefix again."""
+        hits: list[int] = []
+        hashes: list[int] = []
+        if not self.enable_prefix_caching:
+            return hits, hashes
+        for i in range((seq.num_tokens - 1) // self.block_size):
+            key = self._key(seq, i, hashes[-1] if hashes else 0)
+            block = self._block_of.get(key)
+            if block is None:
+                break
+            hits.append(block)
+            hashes.append(hash(key))
+        return hits, hashes
+
+    def _key(self, seq: Seq, i: int, parent: int) -> BlockKey:
+        bs = self.block_size
+        return (parent, tuple(seq.tokens(i * bs, (i + 1) * bs)))
+
+    def admit(self, seq: Seq, budget: int) -> int:
+        """Takes prefix hits plus blocks for the first chunk (at most `budget` tokens) after them.
+
+        Returns the chunk's token count, or 0 (nothing taken) when the pool cannot hold it.
+        """
+        assert not seq.block_table, "admit() on a sequence that holds blocks"
+        hits, hashes = self._lookup(seq)
+        cached = len(hits) * self.block_size
+        chunk = min(seq.num_tokens - cached, budget)
+        need = -(-(cached + chunk) // self.block_size) - len(hits)
+        # Hits that are cached-free leave the evictable pool when taken: count them against it.
+        free_hits = sum(1 for b in hits if self.ref_count[b] == 0)
+        if chunk <= 0 or need > self.num_free - free_hits:
+            return 0
+        for b in hits:
+            self._ref(b)
+        seq.block_table = hits + [self._take() for _ in range(need)]
+        seq.num_computed = cached
+        self._seq_hashes[seq.seq_id] = hashes
+        if seq.num_preemptions == 0:
+            seq.num_cached = cached
+            self.stats.queried_tokens += seq.prompt_len
+            self.stats.hit_tokens += min(cached, seq.prompt_len)
+        return chunk
+
+    def grow(self, seq: Seq, num_tokens: int) -> bool:
+        """Makes the block table cover `num_tokens` tokens; False (nothing taken) if out of blocks."""
+        need = self.blocks_needed(seq, num_tokens)
+        if need > self.num_free:
+            return False
+        seq.block_table.extend(self._take() for _ in range(need))
+        return True
+
+    # ---- after a step: register newly full blocks --------------------------------------------
+    def commit(self, seq: Seq) -> None:
+        """Call once `seq.num_computed` has advanced: full blocks become findable by later requests.
+
+        A block is keyed by its tokens, so one holding a pending token (overlap: computed on the
+        device, id not yet on the host) waits for the next commit after the host has that token."""
+        if not self.enable_prefix_caching:
+            return
+        hashes = self._seq_hashes.setdefault(seq.seq_id, [])
+        for i in range(len(hashes), min(seq.num_computed, seq.num_tokens) // self.block_size):
+            key = self._key(seq, i, hashes[-1] if hashes else 0)
+            block = seq.block_table[i]
+            if key not in self._block_of and block not in self._key_of:
+                self._block_of[key] = block
+                self._key_of[block] = key
+            hashes.append(hash(key))
+
+    # ---- release -----------------------------------------------------------------------------
+    def free(self, seq: Seq) -> None:
+        """Drops the sequence's references; its tail blocks become the first to be evicted."""
+        for b in reversed(seq.block_table):
+            self._unref(b)
+        seq.block_table = []
+        seq.num_computed = 0
+        self._seq_hashes.pop(seq.seq_id, None)
+
+    def reset_prefix_cache(self) -> None:
+        """Forgets every cached-free block (used blocks keep their keys)."""
+        for b in list(self._cached_free):
+            del self._block_of[self._key_of.pop(b)]
+            self._free.append(b)
+        self._cached_free.clear()
+
+    # ---- internals ---------------------------------------------------------------------------
+    def _ref(self, b: int) -> None:
+        if self.ref_count[b] == 0:
+            self._cached_free.pop(b, None)
+        self.ref_count[b] += 1
+
+    def _unref(self, b: int) -> None:
+        assert self.ref_count[b] > 0, f"block {b} freed twice"
+        self.ref_count[b] -= 1
+        if self.ref_count[b] == 0:
+            if b in self._key_of:
+                self._cached_free[b] = None
+            else:
+                self._free.append(b)
+
+    def _take(self) -> int:
+        if self._free:
+            b = self._free.pop()
+        else:
+            b, _ = self._cached_free.popitem(last=False)
+            del self._block_of[self._key_of.pop(b)]
+            self.stats.evictions += 1
+        self.ref_count[b] = 1
+        return b
+
+    # ---- checks ------------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """free + cached-free + used == usable; no block in two states; the key maps agree."""
+        free, cached = set(self._free), set(self._cached_free)
+        used = {b for b in range(1, self.num_blocks) if self.ref_count[b] > 0}
+        problems: list[str] = []
+        if self.ref_count[0] != 0 or 0 in free or 0 in cached:
+            problems.append("dummy block 0 handed out")
+        if any(r < 0 for r in self.ref_count):
+            problems.append("negative ref count")
+        if len(free) != len(self._free):
+            problems.append("duplicate in free list")
+        if free & cached or free & used or cached & used:
+            problems.append("block in two states")
+        if len(free) + len(cached) + len(used) != self.num_usable:
+            problems.append(
+                f"leak: free {len(free)} + cached {len(cached)} + used {len(used)} != {self.num_usable}"
+            )
+        if any(self._block_of.get(k) != b for b, k in self._key_of.items()) or len(self._block_of) != len(
+            self._key_of
+        ):
+            problems.append("key tables disagree")
+        if not cached <= set(self._key_of):
+            problems.append("cached-free block without a key")
+        if problems:
+            raise AssertionError("block pool broken: " + "; ".join(problems))

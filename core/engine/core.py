@@ -1,0 +1,266 @@
+"""One engine step: schedule, launch, sample, detokenize, stop, publish deltas.
+
+Synchronously (overlap off) a step lands the step it launched: its tokens are post-processed before
+the next step is scheduled. With overlap on (core/engine/overlap.py) a step lands the previous one after
+launching its own, so the host's work on step N runs while the device runs step N+1.
+Threading lives in engine.py; this class is driven by exactly one thread and holds no locks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rillet.core.engine.block_manager import BlockManager
+from rillet.core.engine.detokenizer import IncrementalDetokenizer
+from rillet.core.engine.overlap import needs_host_tokens
+from rillet.core.engine.scheduler import ScheduledBatch, Scheduler
+from rillet.core.outputs import SeqDelta, StepOutput
+from rillet.core.runner.model_runner import FatalRunnerError, InflightStep, Runner
+from rillet.core.runner.sampler import SampleResult
+from rillet.core.sequence import FinishReason, Seq, SeqStatus, TokenLogprob
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    """A sequence's unpublished output of this step."""
+
+    token_ids: list[int]
+    text: str
+    logprobs: list[TokenLogprob] | None
+
+
+class EngineCore:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        runner: Runner,
+        make_detokenizer: Callable[[Seq], IncrementalDetokenizer],
+        max_model_len: int,
+        overlap: bool = False,
+    ) -> None:
+        self.scheduler = scheduler
+        self.blocks: BlockManager = scheduler.blocks
+        self.runner = runner
+        self.make_detokenizer = make_detokenizer
+        self.max_model_len = max_model_len
+        self.seqs: dict[str, list[Seq]] = {}  # request_id -> its live choices
+        self._detok: dict[int, IncrementalDetokenizer] = {}
+        self.overlap = overlap
+        self._inflight: InflightStep | None = None  # launched, not yet landed (overlap only)
+        self._inflight_step = 0  # its step number
+        self._landed_step = 0  # the number of the step whose tokens were post-processed last
+        self._host_token_seqs = 0  # live sequences that make overlapped steps synchronous
+        self.steps = 0
+        self.generated_tokens = 0
+        self.wait_seconds = 0.0  # time blocked waiting for launched steps' tokens
+        # Fault injection for tests: request ids whose post-processing raises.
+        self.fail_request_ids: set[str] = set()
+
+    # ---- requests ----------------------------------------------------------------------------
+    def add(self, seqs: list[Seq]) -> None:
+        # Detokenizers first: if one cannot be built, nothing of the request is registered yet.
+        detoks = [self.make_detokenizer(seq) for seq in seqs]
+        self.seqs[seqs[0].request_id] = seqs
+        for seq, detok in zip(seqs, detoks, strict=True):
+            self._detok[seq.seq_id] = detok
+            self._host_token_seqs += needs_host_tokens(seq)
+            self.scheduler.add(seq)
+
+    def reject(self, seqs: list[Seq], error: str) -> list[SeqDelta]:
+        """A request `add` raised for: it never entered the scheduler; tell its client."""
+        self.seqs.pop(seqs[0].request_id, None)
+        deltas = []
+        for seq in seqs:
+            self._detok.pop(seq.seq_id, None)
+            seq.status, seq.finish_reason, seq.error = SeqStatus.FINISHED, FinishReason.ERROR, error
+            deltas.append(self._delta(seq, _Pending([], "", None)))
+        return deltas
+
+    def abort(
+        self, request_id: str, reason: FinishReason = FinishReason.ABORT, error: str | None = None
+    ) -> list[SeqDelta]:
+        deltas = []
+        for seq in self.seqs.get(request_id, []):
+            if not seq.is_finished:
+                seq.error = error
+                self._finish(seq, reason)
+                deltas.append(self._delta(seq, _Pending([], "", None)))
+        self.seqs.pop(request_id, None)
+        return deltas
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    def has_work(self) -> bool:
+        return self._inflight is not None or self.scheduler.has_work()
+
+    # ---- the step ----------------------------------------------------------------------------
+    def step(self, before_run: Callable[[], None] | None = None) -> StepOutput | None:
+        """One scheduling + launch step. `before_run` is called once the batch is scheduled, just
+        before it is launched (not at all when nothing is scheduled): the engine publishes the
+        previous step's output there, so the front end's work on it overlaps the device's work
+        instead of competing with the scheduling for the GIL."""
+        deltas = self._expire_deadlines()
+        if self._inflight is not None and self._host_token_seqs:
+            deltas.extend(self._land())  # synchronous fallback (core/engine/overlap.py)
+        batch = self.scheduler.schedule()
+        launched = None
+        if batch.seqs:
+            self.steps += 1
+            if before_run is not None:
+                before_run()
+            launched = self._launch(batch, deltas)
+        if self._inflight is not None:
+            deltas.extend(self._land())
+        self._inflight, self._inflight_step = launched, self.steps
+        if not self.overlap and launched is not None:
+            deltas.extend(self._land())
+        # numbered by the step whose tokens it carries (the front end's inter-token clock)
+        return StepOutput(self._landed_step, deltas) if batch.seqs or deltas else None
+
+    def _launch(self, batch: ScheduledBatch, deltas: list[SeqDelta]) -> InflightStep | None:
+        try:
+            launched = self.runner.launch(batch)
+        except FatalRunnerError:
+            raise
+        except Exception as exc:  # a failed forward fails this batch, not the engine
+            self._fail(batch.seqs, exc, deltas)
+            return None
+        block_size = self.blocks.block_size
+        for seq, n in zip(batch.seqs, batch.num_new, strict=True):
+            seq.num_computed += n
+            known = min(seq.num_computed, len(seq.prompt_ids) + len(seq.output_ids))
+            if n > 1 or known % block_size == 0:  # else no block can have filled up
+                self.blocks.commit(seq)
+        for seq in launched.seqs:
+            seq.num_pending += 1
+        return launched
+
+    def _land(self) -> list[SeqDelta]:
+        """Waits for the launched step's tokens and post-processes them."""
+        launched, self._inflight = self._inflight, None
+        assert launched is not None
+        self._landed_step = self._inflight_step
+        deltas: list[SeqDelta] = []
+        t0 = time.perf_counter()
+        try:
+            result = launched.wait()
+        except FatalRunnerError:
+            raise
+        except Exception as exc:
+            self._fail(launched.seqs, exc, deltas)
+            return deltas
+        finally:
+            self.wait_seconds += time.perf_counter() - t0
+            for seq in launched.seqs:
+                seq.num_pending -= 1
+        deltas.extend(self._postprocess(launched.seqs, result))
+        return deltas
+
+    def _fail(self, seqs: list[Seq], exc: Exception, deltas: list[SeqDelta]) -> None:
+        log.exception("model step failed; failing %d sequences", len(seqs))
+        for seq in list(seqs):
+            deltas.extend(self.abort(seq.request_id, FinishReason.ERROR, f"model step failed: {exc}"))
+
+    def _postprocess(self, sampled: list[Seq], result: SampleResult) -> list[SeqDelta]:
+        """Appends, detokenizes and stop-checks each new token; one delta per live sequence.
+        Runs once per sampled sequence per step, so attributes are read directly."""
+        deltas: list[SeqDelta] = []
+        now = time.monotonic()
+        block_size, max_len = self.blocks.block_size, self.max_model_len
+        detoks, faults, finished = self._detok, self.fail_request_ids, SeqStatus.FINISHED
+        token_ids, logprobs = result.token_ids, result.logprobs
+        appended = 0
+        for i, seq in enumerate(sampled):
+            if seq.status is finished:
+                continue  # stopped at the step before (overlap): this token was never wanted
+            token, out = token_ids[i], seq.output_ids
+            try:
+                if faults and seq.request_id in faults:
+                    raise RuntimeError("injected fault")
+                out.append(token)
+                appended += 1
+                if seq.grammar is not None:
+                    seq.grammar.accept(token)  # raises for a token the grammar refuses: this request fails
+                if seq.first_token_time is None:
+                    seq.first_token_time = now
+                detok = detoks[seq.seq_id]
+                text, reason = detok.add(token, len(out))
+                num_tokens = len(seq.prompt_ids) + len(out)
+                if reason is None and num_tokens >= max_len:
+                    reason = FinishReason.LENGTH
+                    text += detok.flush()
+                if reason is not None:
+                    self._finish(seq, reason)
+            except Exception as exc:
+                log.exception("request %s failed in post-processing", seq.request_id)
+                deltas.extend(self.abort(seq.request_id, FinishReason.ERROR, f"{type(exc).__name__}: {exc}"))
+                continue
+            lp = logprobs[i]
+            deltas.append(
+                SeqDelta(
+                    seq.request_id,
+                    seq.index,
+                    [token],
+                    text,
+                    None if lp is None else [lp],
+                    reason,
+                    len(seq.prompt_ids),
+                    seq.num_cached,
+                    len(out),
+                    seq.error,
+                )
+            )
+            # overlap: the new token completed a block that the step in flight has computed
+            if num_tokens % block_size == 0 and seq.num_computed >= num_tokens and reason is None:
+                self.blocks.commit(seq)
+        self.generated_tokens += appended
+        return deltas
+
+    # ---- finishing ---------------------------------------------------------------------------
+    def _finish(self, seq: Seq, reason: FinishReason) -> None:
+        self._host_token_seqs -= needs_host_tokens(seq)
+        self.scheduler.finish(seq, reason)
+        self.runner.release(seq)
+        self._detok.pop(seq.seq_id, None)
+        group = self.seqs.get(seq.request_id)
+        if group is not None and all(s.is_finished for s in group):
+            del self.seqs[seq.request_id]
+
+    def _expire_deadlines(self) -> list[SeqDelta]:
+        deltas: list[SeqDelta] = []
+        if not self.seqs:
+            return deltas
+        now = time.monotonic()
+        expired = [
+            rid
+            for rid, group in self.seqs.items()
+            if group[0].deadline is not None and now > group[0].deadline
+        ]
+        for rid in expired:
+            deltas.extend(self.abort(rid, FinishReason.ERROR, "request deadline exceeded"))
+        return deltas
+
+    def _delta(self, seq: Seq, p: _Pending) -> SeqDelta:
+        return SeqDelta(
+            request_id=seq.request_id,
+            index=seq.index,
+            token_ids=p.token_ids,
+            text=p.text,
+            logprobs=p.logprobs,
+            finish_reason=seq.finish_reason if seq.status is SeqStatus.FINISHED else None,
+            prompt_tokens=seq.prompt_len,
+            cached_tokens=seq.num_cached,
+            completion_tokens=len(seq.output_ids),
+            error=seq.error,
+        )

@@ -1,0 +1,343 @@
+"""The engine: an `EngineCore` driven by its own thread, fed through a lock-free inbox.
+
+Other threads (the event loop, the offline API) call `add_request` / `abort`; those append to a
+deque (atomic under the GIL) and set an Event only when the engine is idle. The engine thread
+drains the inbox at the top of every step, so an abort takes effect within one step. Each step's
+deltas go out as one `StepOutput` through the SPSC ring (core/ring.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rillet.core.config import RilletConfig
+from rillet.core.engine.core import EngineCore
+from rillet.core.engine.overlap import resolve_overlap
+from rillet.core.outputs import StepOutput
+from rillet.core.ring import RingClosed, SpscRing
+from rillet.core.runtime import Runtime, load_runtime
+from rillet.core.sampling_params import SamplingParams
+from rillet.core.sequence import FinishReason, Seq
+from rillet.core.structured.compiler import GrammarCompiler
+from rillet.core.structured.setup import attach_structured
+from rillet.core.structured.spec import GrammarSpec, GrammarUnavailable
+
+log = logging.getLogger(__name__)
+
+
+# Test-only: kill the engine thread after this many steps, to test what a crash does to a server
+# process from the outside (tests/reliability). Never set in production.
+_TEST_DIE_ENV = "RILLET_TEST_ENGINE_DIE_AFTER_STEPS"
+
+
+def _test_death_step() -> int | None:
+    value = os.environ.get(_TEST_DIE_ENV)
+    return int(value) if value else None
+
+
+class QueueFullError(Exception):
+    """The waiting queue is at `scheduler.max_waiting`: try again later (HTTP 429)."""
+
+
+class EngineDeadError(Exception):
+    """The engine thread has died; no request can be served (HTTP 503)."""
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: int
+    waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    steps: int
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    generated_tokens: int
+    cached_blocks: int
+    busy_seconds: float = 0.0  # wall time spent inside engine steps (incl. publishing)
+    ring_wakeups: int = 0
+    ring_full_waits: int = 0
+    handoff_timeouts: int = 0  # model runs started after waiting stream.handoff_timeout_ms for the loop
+    device_wait_seconds: float = 0.0  # of busy_seconds: blocked waiting for launched steps' tokens
+
+
+# Inbox items: a new request's sequences, or the id of a request to abort.
+_InboxItem = list[Seq] | str
+
+
+def resolve_handoff(cfg: RilletConfig, device_type: str) -> float | None:
+    """Seconds the engine may wait for the consumer before a model run (None = it never waits)."""
+    mode = cfg.stream.handoff
+    if mode == "auto":
+        mode = "on" if device_type == "cpu" and cfg.model.kind != "synthetic" else "off"
+    return cfg.stream.handoff_timeout_ms / 1000 if mode == "on" else None
+
+
+class Engine:
+    def __init__(self, cfg: RilletConfig, progress: Callable[[str, float], None] | None = None) -> None:
+        self.cfg = cfg
+        self.ring: SpscRing[StepOutput] = SpscRing(cfg.stream.ring_capacity)
+        self._inbox: deque[_InboxItem] = deque()
+        self._wake = threading.Event()
+        self._go = threading.Event()
+        self._stop = False
+        self._seq_ids = itertools.count()
+        # Requests added / taken from the inbox; one writer each, so the difference is exact.
+        self._added = 0
+        self._taken = 0
+        self.error: str | None = None
+        self._dead = False
+        self._fatal: str | None = None  # set by fail(): the engine thread dies with it
+        self._busy = 0.0
+        # The model is built on the engine thread, which then runs it until shutdown: torch's CPU
+        # thread pool is tied to the thread that first used it, and a model built on a thread
+        # that later exits decoded ~3.5x slower (measured).
+        self._loaded = threading.Event()
+        self._load_error: BaseException | None = None
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._main, args=(progress,), name="rillet-engine", daemon=True
+        )
+        self._thread.start()
+        self._loaded.wait()
+        if self._load_error is not None:
+            self._thread.join()
+            self._thread = None
+            raise self._load_error
+
+    def _load(self, progress: Callable[[str, float], None] | None) -> None:
+        rt: Runtime = load_runtime(self.cfg, progress)
+        self.runtime = rt
+        self.tokenizer = rt.tokenizer
+        self.model_name = rt.model_name
+        self.max_model_len = rt.max_model_len
+        m, overlap = self.cfg.model, self.cfg.engine.overlap
+        self.overlap, why = resolve_overlap(overlap, rt.device.type, m.kind, m.synthetic_async)
+        log.info("engine overlap: %s", why)
+        self.core = EngineCore(rt.scheduler, rt.runner, rt.make_detokenizer, rt.max_model_len, self.overlap)
+        vocab = rt.arch.vocab_size if rt.arch is not None else None
+        self.grammars: GrammarCompiler | None
+        self.grammars, self._no_grammar = attach_structured(
+            self.cfg.structured, rt.tokenizer, rt.runner, vocab
+        )
+        if rt.cluster is not None:
+            rt.cluster.watch(self.fail)
+        self.handoff_s = resolve_handoff(self.cfg, rt.device.type)
+        state = "off" if self.handoff_s is None else f"on (<= {self.handoff_s * 1000:g} ms)"
+        log.info("stream handoff: %s", state)
+
+    def _main(self, progress: Callable[[str, float], None] | None) -> None:
+        try:
+            self._load(progress)
+        except BaseException as exc:
+            self._load_error = exc
+            return
+        finally:
+            self._loaded.set()
+        self._go.wait()
+        try:
+            if not self._stop:
+                self._run()
+        finally:
+            self.runtime.runner.close()
+            if self.runtime.cluster is not None:  # the other ranks stop with this thread
+                self.runtime.cluster.close(graceful=not self._dead)
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self._go.set()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stop = True
+        self.ring.close()
+        self._go.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def fail(self, reason: str) -> None:
+        """From any thread: the engine cannot go on (e.g. a tensor-parallel rank died). The engine
+        thread dies with `reason` before its next step, failing every open request."""
+        self._fatal = reason
+        self._wake.set()
+
+    @property
+    def healthy(self) -> bool:
+        return not self._dead
+
+    @property
+    def is_alive(self) -> bool:
+        return self._go.is_set() and self._thread is not None and self._thread.is_alive()
+
+    # ---- requests (any thread) ----------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        n: int = 1,
+        deadline: float | None = None,
+    ) -> None:
+        if self._dead:
+            raise EngineDeadError(self.error or "engine is not running")
+        if not prompt_ids:
+            raise ValueError("prompt: must contain at least one token")
+        if len(prompt_ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt: {len(prompt_ids)} prompt tokens + max_tokens {params.max_tokens} exceed the "
+                f"context length {self.max_model_len}"
+            )
+        if self.core.num_waiting + self._added - self._taken >= self.cfg.scheduler.max_waiting:
+            raise QueueFullError(f"waiting queue is full ({self.cfg.scheduler.max_waiting})")
+        seqs = self._make_seqs(request_id, prompt_ids, params, n, deadline)
+        self._added += 1
+        self._inbox.append(seqs)
+        self._wake.set()
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.append(request_id)
+        self._wake.set()
+
+    def prepare_grammar(self, spec: GrammarSpec) -> None:
+        """Compiles `spec` into the grammar cache (any thread; the HTTP layer runs it on a worker
+        under `structured.compile_timeout_s`). Raises GrammarError (a ValueError) naming the field."""
+        if self.grammars is None:
+            raise GrammarUnavailable(spec.param, self._no_grammar)
+        self.grammars.compile(spec)
+
+    def _make_seqs(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, n: int, deadline: float | None
+    ) -> list[Seq]:
+        seqs: list[Seq] = []
+        for i in range(n):
+            p = params
+            if i and params.seed is not None:
+                p = SamplingParams(**{**params.__dict__, "seed": params.seed + i})
+            seq = Seq(next(self._seq_ids), request_id, list(prompt_ids), p, index=i, deadline=deadline)
+            seq.leader = seqs[0] if seqs else None
+            if p.grammar is not None:
+                self.prepare_grammar(p.grammar)  # a cache hit after the HTTP layer's prepare
+                assert self.grammars is not None
+                seq.grammar = self.grammars.matcher(p.grammar)
+            seqs.append(seq)
+        return seqs
+
+    def stats(self) -> EngineStats:
+        blocks = self.core.blocks
+        return EngineStats(
+            running=self.core.num_running,
+            waiting=self.core.num_waiting + self._added - self._taken,
+            kv_blocks_used=blocks.num_used,
+            kv_blocks_total=blocks.num_usable,
+            steps=self.core.steps,
+            prompt_tokens=blocks.stats.queried_tokens,
+            cached_prompt_tokens=blocks.stats.hit_tokens,
+            generated_tokens=self.core.generated_tokens,
+            cached_blocks=blocks.num_cached,
+            busy_seconds=self._busy,
+            ring_wakeups=self.ring.wakeups,
+            ring_full_waits=self.ring.full_waits,
+            handoff_timeouts=self.ring.release_timeouts,
+            device_wait_seconds=self.core.wait_seconds,
+        )
+
+    # ---- the engine thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        die_at = _test_death_step()
+        # A step's output is published when the next step starts its model run (see
+        # EngineCore.step's `before_run`), or at once when no next step follows.
+        held: list[StepOutput] = []
+        ring, handoff_s = self.ring, self.handoff_s
+
+        def publish() -> None:
+            if held:
+                ring.push(held.pop())
+
+        def publish_and_hand_off() -> None:  # before a model run: see stream.handoff
+            if held:
+                ring.push(held.pop())
+                ring.wait_released(handoff_s or 0.0)
+
+        before_run = publish if handoff_s is None else publish_and_hand_off
+        poll = self.runtime.runner.poll  # work that must run on this thread, between steps
+
+        try:
+            while not self._stop:
+                poll()
+                if die_at is not None and self.core.steps >= die_at:
+                    raise RuntimeError(f"test-only engine death ({_TEST_DIE_ENV}={die_at})")
+                if self._fatal is not None:
+                    raise RuntimeError(self._fatal)
+                aborted = self._drain_inbox()
+                if not self.core.has_work() and not aborted:
+                    publish()
+                    self._wake.wait(0.1)
+                    self._wake.clear()
+                    continue
+                t0 = time.perf_counter()
+                out = self.core.step(before_run)
+                publish()  # not called when nothing was scheduled
+                if aborted:
+                    step = out.step if out is not None else self.core.steps
+                    out = StepOutput(step, aborted.deltas + (out.deltas if out else []))
+                if out is not None and out.deltas:
+                    held.append(out)
+                    if not self.core.has_work():
+                        publish()
+                self._busy += time.perf_counter() - t0
+        except RingClosed:
+            pass
+        except BaseException as exc:
+            self.error = f"engine thread died: {type(exc).__name__}: {exc}"
+            log.exception("engine thread died")
+            self._dead = True
+            if held:  # tokens already produced go out before the failures
+                self.ring.try_push(held.pop())
+            self._fail_everything()
+            raise
+
+    def _drain_inbox(self) -> StepOutput | None:
+        deltas = []
+        inbox = self._inbox
+        while inbox:
+            item = inbox.popleft()
+            if isinstance(item, str):
+                deltas.extend(self.core.abort(item))
+            else:
+                try:
+                    self.core.add(item)
+                except Exception as exc:  # one bad request must not take the engine down
+                    log.exception("request %s could not be added", item[0].request_id)
+                    deltas.extend(self.core.reject(item, f"{type(exc).__name__}: {exc}"))
+                finally:
+                    self._taken += 1
+        return StepOutput(self.core.steps, deltas) if deltas else None
+
+    def _fail_everything(self) -> None:
+        """After a crash: tell every live request, so no client waits forever."""
+        deltas = []
+        for rid in list(self.core.seqs):
+            try:
+                deltas.extend(self.core.abort(rid, FinishReason.ERROR, self.error))
+            except Exception:
+                log.exception("while failing request %s", rid)
+        if deltas:
+            with contextlib.suppress(TimeoutError, RingClosed):
+                self.ring.push(StepOutput(self.core.steps, deltas), timeout=1.0)
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """True once no request is queued, running or in the inbox (for tests and draining)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self._inbox and not self.core.has_work() and self._added == self._taken:
+                return True
+            time.sleep(0.005)
+        return False

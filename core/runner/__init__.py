@@ -1,0 +1,3 @@
+"""Runners: what the engine launches each step. base.py is the protocol; model_runner.py turns a
+scheduled batch into tensors (step_inputs.py), runs the model (eager, or graphs/ for decode) and
+samples (sampler.py, sample_output.py); synthetic.py is the null engine (no model)."""

@@ -1,0 +1,92 @@
+"""The null engine: deterministic tokens, a fixed step time, no compute.
+
+Two modes:
+  synchronous (default): a launch sleeps the step time (as a blocking GPU wait would, releasing
+    the GIL) and returns with the tokens ready; no inputs are built.
+  asynchronous (`model.synthetic_async`): a launch does the host work a GPU engine does (the step's
+    inputs from step_inputs.py, on CPU tensors) and returns at once; the step runs on a simulated
+    device timeline: it starts when the previous step ends (or now, if the device is idle), and its
+    tokens are readable `synthetic_step_ms` later, which is when `wait()` returns.
+
+The next token depends only on the sequence's prompt, choice index and position, so outputs are the
+same batched or alone, streamed or not, overlapped or not. Tokens come from `token_pool` (ordinary
+text tokens).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from rillet.core.engine.scheduler import ScheduledBatch
+from rillet.core.runner.model_runner import InflightStep
+from rillet.core.runner.sampler import SampleResult
+from rillet.core.runner.step_inputs import InputBuilder
+from rillet.core.sequence import Seq
+
+
+@dataclass
+class _Timed:
+    seqs: list[Seq]
+    pool: list[int]
+    ready_at: float  # time.perf_counter() at which the simulated device has finished the step
+
+    def wait(self) -> SampleResult:
+        # The "device" computes the tokens: before the wait, so that this host work is hidden
+        # under the step time as a GPU's sampling would be. Each sequence's host state is exact
+        # here: every earlier step has landed, this one's token is not appended yet.
+        ids = synthetic_tokens(self.seqs, self.pool)
+        left = self.ready_at - time.perf_counter()
+        if left > 0:
+            time.sleep(left)  # like a GPU wait: releases the GIL
+        return SampleResult(ids, [None] * len(ids))
+
+
+def synthetic_tokens(seqs: list[Seq], pool: list[int]) -> list[int]:
+    """The token after each sequence's host-known tokens (the one the step samples)."""
+    size = len(pool)
+    return [
+        pool[((len(s.prompt_ids) + len(s.output_ids)) * 7919 + s.prompt_ids[0] + s.index * 104729) % size]
+        for s in seqs
+    ]
+
+
+class SyntheticRunner:
+    def __init__(
+        self, step_ms: float, token_pool: list[int], asynchronous: bool = False, block_size: int = 16
+    ) -> None:
+        self.step_s = step_ms / 1000.0
+        self.pool = token_pool
+        self.asynchronous = asynchronous
+        self.inputs = InputBuilder(block_size, torch.device("cpu")) if asynchronous else None
+        self._device_free_at = 0.0  # when the simulated device finishes the last launched step
+
+    def step(self, batch: ScheduledBatch) -> tuple[list[Seq], SampleResult]:
+        launched = self.launch(batch)
+        return launched.seqs, launched.wait()
+
+    def launch(self, batch: ScheduledBatch) -> InflightStep:
+        if self.inputs is None:
+            if self.step_s > 0:
+                time.sleep(self.step_s)
+            seqs = [
+                s
+                for s, n in zip(batch.seqs, batch.num_new, strict=True)
+                if s.num_computed + n == s.num_scheduled_tokens
+            ]
+            return _Timed(seqs, self.pool, 0.0)
+        inp = self.inputs.build(batch)
+        start = max(time.perf_counter(), self._device_free_at)
+        self._device_free_at = start + self.step_s
+        return _Timed(inp.sample_seqs, self.pool, self._device_free_at)
+
+    def release(self, seq: Seq) -> None:
+        if self.inputs is not None:
+            self.inputs.release(seq)
+
+    def poll(self) -> None:
+        pass  # nothing to do between steps
+
+    def close(self) -> None:
+        pass  # no background work

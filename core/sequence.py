@@ -1,0 +1,109 @@
+"""One sequence's state as the scheduler and engine see it.
+
+Counters, all in tokens:
+  prompt_len          fixed at creation
+  len(output_ids)     sampled so far
+  num_tokens          prompt_len + len(output_ids): every token the sequence holds
+  num_computed        tokens whose K/V are written in the cache (prefix hits included)
+  num_cached          of the prompt, tokens reused from the prefix cache at the last admission
+  num_pending         sampled on the device, not yet seen by the host (overlap: <= 1 when scheduling)
+  num_scheduled_tokens  num_tokens + num_pending: the length the scheduler plans with
+Invariant while RUNNING: num_computed <= num_scheduled_tokens and the block table covers
+num_computed tokens (plus the slots being written this step). With overlap, num_computed may pass
+num_tokens by the pending token: its K/V is written by the step in flight, its id is on the device.
+Preemption frees the blocks and resets num_computed to 0: the sequence recomputes prompt + output
+so far, so its output continues exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from rillet.core.sampling_params import SamplingParams
+from rillet.core.structured.matcher import GrammarMatcher
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # EOS, stop token or stop string
+    LENGTH = "length"  # max_tokens or the context limit
+    ABORT = "abort"  # client went away / cancelled
+    ERROR = "error"  # this request failed; others go on
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, logprob), best first
+
+
+@dataclass(eq=False)
+class Seq:
+    seq_id: int
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival: float = field(default_factory=time.monotonic)
+    output_ids: list[int] = field(default_factory=list)
+    status: SeqStatus = SeqStatus.WAITING
+    finish_reason: FinishReason | None = None
+    block_table: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    num_cached: int = 0
+    num_preemptions: int = 0
+    num_pending: int = 0
+    first_token_time: float | None = None
+    deadline: float | None = None  # monotonic time after which the request is cut off
+    error: str | None = None
+    index: int = 0  # choice index within its request (n > 1)
+    leader: Seq | None = None  # choice 0 of the request; later choices wait for its prefill
+    grammar: GrammarMatcher | None = None  # constrained output: has consumed output_ids (matcher.py)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids) + self.num_pending
+
+    @property
+    def num_generated(self) -> int:
+        """Output tokens sampled so far, the pending one included."""
+        return len(self.output_ids) + self.num_pending
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+    @property
+    def in_prefill(self) -> bool:
+        """True until every token but the newest has K/V in the cache (the newest is fed next)."""
+        return self.num_computed < self.num_scheduled_tokens - 1
+
+    def token_at(self, i: int) -> int:
+        p = len(self.prompt_ids)
+        return self.prompt_ids[i] if i < p else self.output_ids[i - p]
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        p = len(self.prompt_ids)
+        if end <= p:
+            return self.prompt_ids[start:end]
+        if start >= p:
+            return self.output_ids[start - p : end - p]
+        return self.prompt_ids[start:] + self.output_ids[: end - p]
+
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids

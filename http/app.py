@@ -1,0 +1,149 @@
+"""The aiohttp application: routes, the one middleware (auth, errors, request metrics), the runner.
+
+`HttpServer` opens the socket with a `ServerState` that may not have an engine yet (503 until
+`state.attach(engine)`); `rillet serve` (serve.py) and the tests both drive it. Each accepted
+connection is a connection.py `ApiRequestHandler` (read deadlines, the connection cap, parser
+errors in the API's shape), made by listener.py's site.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.typedefs import Handler
+from rillet.http.handlers import STATE, chat_completions, completions, get_model, health, list_models, metrics
+from rillet.http.net.connection import ApiRequestHandler, connection_of
+from rillet.http.net.listener import ApiSite
+from rillet.http.openai.errors import ApiError, from_http_exception, headers_too_large, internal_error
+from rillet.http.state import ServerState
+from rillet.http.ui.routes import add_ui_routes
+
+log = logging.getLogger(__name__)
+
+
+@web.middleware
+async def api_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    state = request.app[STATE]
+    resource = request.match_info.route.resource
+    endpoint = resource.canonical if resource is not None else "unmatched"
+    status = 500
+    conn = connection_of(request)
+    try:
+        if conn is not None:
+            conn.request_started(request)  # the headers are in: their deadline ends
+        _check_header_size(request, state.cfg.server.max_header_bytes)
+        state.keys.check(endpoint, request.headers.get("Authorization"))
+        resp = await handler(request)
+        status = resp.status
+        return resp
+    except ApiError as exc:
+        status = exc.status
+        return exc.response()
+    except web.HTTPException as exc:  # routing (404/405) and aiohttp's own checks
+        mapped = from_http_exception(exc, request.method, request.path)
+        status = mapped.status
+        return mapped.response()
+    except (asyncio.CancelledError, ConnectionResetError):
+        status = 499  # client closed the request (nginx's convention), for the metrics only
+        raise
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return internal_error().response()
+    finally:
+        if conn is not None:
+            conn.request_finished()
+        state.metrics.requests.labels(endpoint, str(status)).inc()
+
+
+def _check_header_size(request: web.Request, limit: int) -> None:
+    """`server.max_header_bytes` bounds all headers together; aiohttp's parser bounds each line."""
+    size = sum(len(k) + len(v) + 4 for k, v in request.raw_headers)  # "k: v\r\n"
+    if size > limit:
+        raise headers_too_large(size, limit)
+
+
+class _ProtocolLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp logs each malformed request (header too long, bad request line) at ERROR with a
+    traceback: a log flood any client can cause. Those are the client's fault, logged as one line at
+    DEBUG; anything else keeps its traceback."""
+
+    def exception(self, msg: object, *args: object, exc_info: object = True, **kwargs: object) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            self.logger.debug("%s: %s", str(msg) % args if args else msg, exc_info)
+        else:
+            self.logger.exception(msg, *args, exc_info=exc_info, **kwargs)  # type: ignore[arg-type]
+
+
+def build_app(state: ServerState) -> web.Application:
+    app = web.Application(client_max_size=state.cfg.server.max_body_bytes, middlewares=[api_middleware])
+    app[STATE] = state
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model}", get_model)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    if state.cfg.server.ui == "on":
+        add_ui_routes(app)
+    return app
+
+
+class HttpServer:
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.app = build_app(state)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> int:
+        """Listens on host:port (0 = any free port); returns the port."""
+        srv = self.state.cfg.server
+        access_log = logging.getLogger("aiohttp.access") if log.isEnabledFor(logging.DEBUG) else None
+        handler_kwargs: dict[str, Any] = {
+            "access_log": access_log,
+            "max_line_size": srv.max_header_bytes,
+            "max_field_size": srv.max_header_bytes,
+            "logger": _ProtocolLog(logging.getLogger("aiohttp.server"), {}),
+            # aiohttp's own idle timer, a backstop only: connection.py's deadlines come first.
+            "keepalive_timeout": 2 * max(srv.keepalive_timeout_s, srv.header_timeout_s) + 10,
+        }
+        runner = web.AppRunner(
+            self.app,
+            # A client that disconnects cancels its handler, whose `finally` aborts the request in
+            # the engine: non-streaming requests notice a vanished client too, not only streams.
+            handler_cancellation=True,
+            shutdown_timeout=1.0,
+            **handler_kwargs,
+        )
+        self._runner = runner
+        await runner.setup()
+        loop = asyncio.get_running_loop()
+        limits = self.state.connections
+        manager = runner.server
+
+        def make_protocol() -> ApiRequestHandler:
+            return ApiRequestHandler(manager, loop=loop, limits=limits, **handler_kwargs)
+
+        site = ApiSite(runner, host, port, make_protocol)
+        await site.start()
+        ports = self._bound_ports()
+        self.port = ports[0] if ports else port
+        return self.port
+
+    def _bound_ports(self) -> list[int]:
+        assert self._runner is not None
+        ports = []
+        for addr in self._runner.addresses:
+            if isinstance(addr, tuple) and len(addr) >= 2:
+                ports.append(int(addr[1]))
+        return ports
+
+    async def stop(self) -> None:
+        await self.state.detach()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

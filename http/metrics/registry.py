@@ -1,0 +1,132 @@
+"""Prometheus metrics of one app, in its own CollectorRegistry (several servers may share a process).
+
+Per-token work is kept to the dispatcher's batch: one `inc` per engine step for generated tokens,
+one histogram observation per request per step for latencies, into lock-free loop-owned
+histograms (loop_histogram.py). Engine gauges are read from `engine.stats()` only when /metrics is
+scraped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from rillet.http.metrics.loop_histogram import LoopHistogram
+
+if TYPE_CHECKING:
+    from rillet.http.stream.request_stream import RequestStream
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
+_E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0)
+
+# (name, help, kind, value); kind is "gauge" or "counter"
+Sample = tuple[str, str, str, float]
+
+
+class _Snapshot(Collector):
+    """Engine-side numbers, computed at scrape time."""
+
+    def __init__(self, snapshot: Callable[[], list[Sample]]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        for name, doc, kind, value in self._snapshot():
+            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            yield family(name, doc, value=value)
+
+
+class Metrics:
+    def __init__(self, snapshot: Callable[[], list[Sample]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.requests = Counter(
+            "rillet_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r
+        )
+        self.prompt_tokens = Counter("rillet_prompt_tokens", "Prompt tokens of accepted requests", registry=r)
+        self.generation_tokens = Counter("rillet_generation_tokens", "Tokens generated", registry=r)
+        self.ttft = LoopHistogram(
+            "rillet_time_to_first_token_seconds", "Arrival to first token", _TTFT_BUCKETS
+        )
+        self.itl = LoopHistogram(
+            "rillet_inter_token_latency_seconds",
+            "Time between a request's consecutive tokens",
+            _LATENCY_BUCKETS,
+        )
+        self.e2e = LoopHistogram("rillet_request_latency_seconds", "Arrival to last token", _E2E_BUCKETS)
+        for h in (self.ttft, self.itl, self.e2e):
+            r.register(h)
+        r.register(_Snapshot(snapshot))
+
+    def token_times(self, stream: RequestStream, now: float, num_tokens: int, step: int) -> None:
+        """Called by the dispatcher once per delta with tokens; `now` is shared by the whole routing
+        pass, which may hold several engine steps (their later tokens then count a 0 s gap)."""
+        if stream.first_token_at is None:
+            stream.first_token_at = now
+            self.ttft.observe(now - stream.arrival)
+        elif step != stream.last_step:  # n > 1: the other choices of the same step add nothing
+            self.itl.observe((now - stream.last_token_at) / num_tokens)
+        stream.last_token_at = now
+        stream.last_step = step
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def engine_samples(stats: Any, wakeups: int, active_streams: int) -> list[Sample]:
+    """Gauges and counters from an `EngineStats` (see core/engine/engine.py)."""
+    hit = stats.cached_prompt_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0
+    usage = stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0
+    return [
+        ("rillet_num_requests_running", "Sequences running in the engine", "gauge", stats.running),
+        (
+            "rillet_num_requests_waiting",
+            "Sequences waiting for admission (queue depth)",
+            "gauge",
+            stats.waiting,
+        ),
+        ("rillet_kv_blocks_used", "KV cache blocks in use", "gauge", stats.kv_blocks_used),
+        ("rillet_kv_blocks_total", "KV cache blocks in the pool", "gauge", stats.kv_blocks_total),
+        ("rillet_kv_cache_usage_ratio", "Fraction of KV blocks in use", "gauge", usage),
+        (
+            "rillet_prefix_cache_hit_rate",
+            "Prompt tokens served from the prefix cache / prompt tokens",
+            "gauge",
+            hit,
+        ),
+        ("rillet_prefix_cache_blocks", "Blocks held by the prefix cache", "gauge", stats.cached_blocks),
+        # Token counters (vLLM's prefix_cache_queries / _hits): a hit rate over any window, not
+        # only since start, is the ratio of their increases.
+        (
+            "rillet_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache",
+            "counter",
+            stats.prompt_tokens,
+        ),
+        (
+            "rillet_prefix_cache_hits",
+            "Prompt tokens found in the prefix cache",
+            "counter",
+            stats.cached_prompt_tokens,
+        ),
+        ("rillet_engine_steps", "Engine steps run", "counter", stats.steps),
+        ("rillet_engine_busy_seconds", "Wall time spent in engine steps", "counter", stats.busy_seconds),
+        (
+            "rillet_engine_device_wait_seconds",
+            "Of the engine's busy time: blocked waiting for launched steps' tokens (busy - wait = host work)",
+            "counter",
+            stats.device_wait_seconds,
+        ),
+        ("rillet_ring_wakeups", "Engine -> event loop wake-ups", "counter", wakeups),
+        (
+            "rillet_handoff_timeouts",
+            "Model runs started after waiting stream.handoff_timeout_ms for a lagging event loop",
+            "counter",
+            stats.handoff_timeouts,
+        ),
+        ("rillet_active_streams", "Requests the front end is serving", "gauge", active_streams),
+    ]

@@ -1,0 +1,159 @@
+"""API errors in the OpenAI shape: `{"error": {"message", "type", "param", "code"}}`.
+
+Every failure the server reports goes through `ApiError`; handlers raise it and the error
+middleware (server.py) turns it into a response, so a bad request can never surface as a 500.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+from rillet.core.sequence import FinishReason
+from rillet.core.structured.matcher import GrammarViolation
+
+JSON_CONTENT_TYPE = "application/json"
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+        close: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+        self.close = close  # end the connection after this answer (the request stream is unusable)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.body())
+
+    def response(self) -> web.Response:
+        resp = web.Response(
+            status=self.status, body=self.to_json(), content_type=JSON_CONTENT_TYPE, headers=self.headers
+        )
+        if self.close:
+            resp.force_close()
+        return resp
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def unsupported(param: str, what: str = "is not supported by this server") -> ApiError:
+    return ApiError(400, f"'{param}' {what}", param=param, code="unsupported_parameter")
+
+
+def model_not_found(model: str) -> ApiError:
+    return ApiError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
+
+
+def unavailable(phase: str, detail: str = "") -> ApiError:
+    message = {
+        "starting": "The server is starting: the model is still loading",
+        "draining": "The server is shutting down and accepts no new requests",
+        "dead": "The inference engine has stopped",
+    }.get(phase, "The server is not ready")
+    if detail:
+        message = f"{message}: {detail}"
+    return ApiError(503, message, type="service_unavailable_error", code=phase, headers={"Retry-After": "1"})
+
+
+def queue_full(detail: str) -> ApiError:
+    return ApiError(
+        429,
+        f"The server is at capacity ({detail}); retry shortly",
+        type="rate_limit_error",
+        code="queue_full",
+        headers={"Retry-After": "1"},
+    )
+
+
+def from_http_exception(exc: web.HTTPException, method: str, path: str) -> ApiError:
+    """aiohttp's own 404/405/413 (routing, body size) in our shape."""
+    status = exc.status
+    if status == 404:
+        return ApiError(404, f"Invalid URL ({method} {path})", code="unknown_url")
+    if status == 405:
+        return ApiError(405, f"Method {method} is not allowed on {path}", code="method_not_allowed")
+    if status == 413:
+        return ApiError(413, "Request body is too large", code="request_too_large")
+    code = "server_error" if status >= 500 else "invalid_request_error"
+    return ApiError(status, exc.reason or "HTTP error", type=code)
+
+
+def internal_error() -> ApiError:
+    return ApiError(
+        500, "Internal server error; see the server log", type="server_error", code="internal_error"
+    )
+
+
+def headers_too_large(size: int, limit: int) -> ApiError:
+    return ApiError(
+        431,
+        f"Request headers are too large ({size} bytes; limit: {limit})",
+        code="request_header_fields_too_large",
+    )
+
+
+def engine_dead(detail: str | None) -> ApiError:
+    return ApiError(
+        503,
+        f"the inference engine stopped: {detail or 'unknown error'}",
+        type="service_unavailable_error",
+        code="dead",
+    )
+
+
+# The error core/engine/core.py gives a request whose `server.request_timeout_s` ran out.
+DEADLINE_ERROR = "request deadline exceeded"
+
+
+def finish_failure(reason: FinishReason | None, error: str | None) -> ApiError | None:
+    """An ERROR / ABORT end the client should hear about (its own disconnects never get that far)."""
+    if reason is FinishReason.ERROR and error == DEADLINE_ERROR:
+        return ApiError(
+            504,
+            "the request did not finish within the server's time limit (server.request_timeout_s)",
+            type="timeout_error",
+            code="deadline_exceeded",
+        )
+    if reason is FinishReason.ERROR and (error or "").startswith(GrammarViolation.__name__):
+        # the request's own grammar gave out mid-way (e.g. a schema past the grammar engine's limits)
+        return ApiError(
+            400,
+            f"the output could not be continued under the requested grammar: {error}",
+            param="response_format",
+            code="grammar_error",
+        )
+    if reason is FinishReason.ERROR:
+        return ApiError(
+            500,
+            f"generation failed: {error or 'unknown error'}",
+            type="server_error",
+            code="generation_error",
+        )
+    if reason is FinishReason.ABORT:
+        return ApiError(
+            503,
+            error or "the request was aborted by the server",
+            type="service_unavailable_error",
+            code="aborted",
+        )
+    return None

@@ -1,0 +1,108 @@
+"""Typed readers for request-body fields: each names the field in its 400 when the type is wrong.
+
+`null` means "not given" everywhere, as in the OpenAI API. Bools are never accepted as numbers
+(JSON `true` is a Python int subclass, so it needs excluding explicitly).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rillet.http.openai.errors import bad_request
+
+Body = dict[str, Any]
+
+
+def _type_error(name: str, expected: str, value: Any) -> Exception:
+    return bad_request(
+        f"'{name}' must be {expected}, got {type_name(value)}", param=name, code="invalid_type"
+    )
+
+
+def type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "array",
+        dict: "object",
+    }.get(type(value), type(value).__name__)
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def opt_int(body: Body, name: str, lo: int | None = None, hi: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    # 3.0 is a valid JSON integer to many clients; 3.5 is not.
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not is_int(value):
+        raise _type_error(name, "an integer", value)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"in [{lo}, {hi}]"
+        raise bad_request(f"'{name}' must be {bounds}, got {value}", param=name, code="invalid_value")
+    return int(value)
+
+
+def opt_float(body: Body, name: str) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _type_error(name, "a number", value)
+    return float(value)
+
+
+def opt_bool(body: Body, name: str) -> bool | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        raise _type_error(name, "a boolean", value)
+    return value
+
+
+def opt_str(body: Body, name: str) -> str | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _type_error(name, "a string", value)
+    return value
+
+
+def opt_dict(body: Body, name: str) -> dict[str, Any] | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _type_error(name, "an object", value)
+    return value
+
+
+def opt_str_list(body: Body, name: str) -> list[str] | None:
+    """A string or a list of strings (OpenAI's `stop`)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _type_error(name, "a string or an array of strings", value)
+    return list(value)
+
+
+def opt_int_list(body: Body, name: str) -> list[int] | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(is_int(v) for v in value):
+        raise _type_error(name, "an array of integers", value)
+    return list(value)

@@ -1,0 +1,296 @@
+"""OpenAI request bodies -> a validated `GenRequest` (token ids + SamplingParams), or a 400.
+
+All input checking happens here, before anything reaches the engine. Unknown top-level fields
+are ignored (as OpenAI and vLLM do), but fields we know and do not support are rejected naming
+the parameter, so a client never silently gets behaviour it did not ask for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rillet.core.sampling_params import MAX_LOGPROBS, SamplingParams
+from rillet.core.structured.spec import GrammarSpec
+from rillet.http.openai.chat_messages import parse_messages
+from rillet.http.openai.errors import ApiError, bad_request, model_not_found, unsupported
+from rillet.http.openai.fields import (
+    Body,
+    is_int,
+    opt_bool,
+    opt_dict,
+    opt_float,
+    opt_int,
+    opt_int_list,
+    opt_str,
+    opt_str_list,
+    type_name,
+)
+from rillet.http.openai.structured import ToolSetup, parse_response_format, parse_tools
+from rillet.http.openai.tool_prompt import for_template, template_renders_tools
+
+Kind = Literal["chat", "completion"]
+# Rejected whenever present and not null / empty: they would change the answer's meaning.
+_UNSUPPORTED = (
+    "functions",
+    "function_call",
+    "audio",
+    "prediction",
+    "web_search_options",
+)
+_FLOAT_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a request is checked against: the served model and the server's caps."""
+
+    model_name: str
+    max_model_len: int
+    max_tokens_cap: int
+    default_max_tokens: int
+    max_n: int
+    vocab_size: int | None = None
+    # Completions may batch prompts (one engine request each); more than the waiting queue holds
+    # could never be admitted, so that is a 400, not an endless 429.
+    max_prompts: int = 1024
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    kind: Kind
+    prompts: list[list[int]]  # one engine request per prompt; choice index = prompt * n + i
+    params: list[SamplingParams]  # per prompt (the default max_tokens depends on its length)
+    n: int
+    stream: bool
+    include_usage: bool
+    logprobs: int | None  # top-N alternatives per token when logprobs were asked for
+    echo_texts: list[str] | None  # completions with echo: the prompt text to prepend per prompt
+    grammar: GrammarSpec | None = None  # what every output must match (also in each params)
+    tools: ToolSetup | None = None  # chat with tools offered: answers are read for tool calls
+    # tool_choice auto: the grammar `required` would use, compiled only to check the tools' schemas
+    tool_check: GrammarSpec | None = None
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.prompts) * self.n
+
+
+def parse_chat(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
+    _check_common(body, limits)
+    tools = parse_tools(body)
+    grammar = parse_response_format(body)
+    if tools is not None and tools.mode != "auto" and grammar is not None:
+        raise unsupported(
+            "response_format", "cannot be combined with tool_choice 'required' or a named function"
+        )
+    if tools is not None and tools.mode != "auto":
+        grammar = tools.grammar()
+    messages = parse_messages(body.get("messages"))
+    text = _render_chat(tokenizer, messages, tools)
+    # The template already holds any BOS the model wants.
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    logprobs = _chat_logprobs(body)
+    if tools is not None and logprobs is not None:
+        raise unsupported("logprobs", "together with 'tools' is not supported")
+    max_tokens_field = (
+        "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    )
+    gen = _build("chat", body, [ids], "messages", max_tokens_field, logprobs, None, limits, grammar)
+    check = (
+        ToolSetup(tools.tools, "required", None, False).grammar() if tools and tools.mode == "auto" else None
+    )
+    return dataclasses.replace(gen, tools=tools, tool_check=check)
+
+
+def _render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: ToolSetup | None) -> str:
+    native = template_renders_tools(tokenizer)
+    rendered = for_template(messages, tools.tools if tools else None, native)
+    extra = {"tools": [t.openai() for t in tools.tools]} if native and tools else {}
+    try:
+        text: str = tokenizer.apply_chat_template(rendered, add_generation_prompt=True, **extra)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise bad_request(f"cannot apply the chat template: {exc}", param="messages") from exc
+    return text
+
+
+def parse_completion(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
+    _check_common(body, limits)
+    if body.get("suffix") is not None:
+        raise unsupported("suffix", "(insertion after the completion) is not supported")
+    for name in ("tools", "tool_choice", "parallel_tool_calls"):
+        if body.get(name) not in (None, [], {}):
+            raise unsupported(name, "is a chat completions parameter")
+    logprobs = opt_int(body, "logprobs", 0, MAX_LOGPROBS)
+    echo = bool(opt_bool(body, "echo"))
+    if echo and logprobs is not None:
+        raise unsupported(
+            "echo", "together with 'logprobs' is not supported: prompt logprobs are not computed"
+        )
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) > limits.max_prompts and not is_int(prompt[0]):
+        raise bad_request(
+            f"'prompt' holds {len(prompt)} prompts; at most {limits.max_prompts} per request",
+            param="prompt",
+        )
+    prompts, texts = _completion_prompts(prompt, tokenizer, limits.vocab_size)
+    if echo:
+        texts = [t if t is not None else tokenizer.decode(ids) for ids, t in zip(prompts, texts, strict=True)]
+    echo_texts = [t or "" for t in texts] if echo else None
+    grammar = parse_response_format(body)
+    return _build("completion", body, prompts, "prompt", "max_tokens", logprobs, echo_texts, limits, grammar)
+
+
+# ---- shared --------------------------------------------------------------------------------------
+
+
+def _check_common(body: Body, limits: Limits) -> None:
+    model = body.get("model")
+    if model is None:
+        raise bad_request(
+            "you must provide a model parameter", param="model", code="missing_required_parameter"
+        )
+    if not isinstance(model, str):
+        raise bad_request(
+            f"'model' must be a string, got {type_name(model)}", param="model", code="invalid_type"
+        )
+    if model != limits.model_name:
+        raise model_not_found(model)
+    for name in _UNSUPPORTED:
+        if body.get(name) not in (None, [], {}):
+            raise unsupported(name)
+    if body.get("logit_bias") not in (None, {}):
+        raise unsupported("logit_bias")
+    if body.get("modalities") not in (None, ["text"]):
+        raise unsupported("modalities", 'other than ["text"] is not supported')
+    opt_str(body, "user")
+
+
+def _chat_logprobs(body: Body) -> int | None:
+    wanted = opt_bool(body, "logprobs")
+    top = opt_int(body, "top_logprobs", 0, MAX_LOGPROBS)
+    if top is not None and not wanted:
+        raise bad_request("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _build(
+    kind: Kind,
+    body: Body,
+    prompts: list[list[int]],
+    prompt_field: str,
+    max_tokens_field: str,
+    logprobs: int | None,
+    echo_texts: list[str] | None,
+    limits: Limits,
+    grammar: GrammarSpec | None = None,
+) -> GenRequest:
+    n = opt_int(body, "n", 1, limits.max_n) or 1
+    best_of = opt_int(body, "best_of")
+    if best_of is not None and best_of != n:
+        raise unsupported("best_of", "other than n is not supported")
+    stream = bool(opt_bool(body, "stream"))
+    options = opt_dict(body, "stream_options")
+    if options is not None and not stream:
+        raise bad_request("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+    include_usage = (options or {}).get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise bad_request(
+            "'stream_options.include_usage' must be a boolean", param="stream_options.include_usage"
+        )
+    max_tokens = opt_int(body, max_tokens_field, 1, limits.max_tokens_cap)
+    base = _sampling_params(body, logprobs, grammar)
+    params = [_fit_context(base, len(p), max_tokens, prompt_field, max_tokens_field, limits) for p in prompts]
+    return GenRequest(kind, prompts, params, n, stream, bool(include_usage), logprobs, echo_texts, grammar)
+
+
+def _sampling_params(body: Body, logprobs: int | None, grammar: GrammarSpec | None) -> SamplingParams:
+    kwargs: dict[str, Any] = {name: opt_float(body, name) for name in _FLOAT_FIELDS}
+    kwargs["top_k"] = opt_int(body, "top_k")
+    kwargs["seed"] = opt_int(body, "seed")
+    kwargs["min_tokens"] = opt_int(body, "min_tokens", 0)
+    kwargs["stop"] = opt_str_list(body, "stop")
+    kwargs["stop_token_ids"] = opt_int_list(body, "stop_token_ids")
+    kwargs["ignore_eos"] = opt_bool(body, "ignore_eos")
+    kwargs["include_stop_str_in_output"] = opt_bool(body, "include_stop_str_in_output")
+    kwargs["logprobs"] = logprobs
+    kwargs["grammar"] = grammar
+    given = {k: v for k, v in kwargs.items() if v is not None}
+    # max_tokens is settled per prompt later; a large placeholder keeps min_tokens checkable now.
+    return _make_params(dict(given, max_tokens=2**31 - 1))
+
+
+def _make_params(kwargs: dict[str, Any]) -> SamplingParams:
+    try:
+        return SamplingParams(**kwargs)
+    except ValueError as exc:
+        field, _, message = str(exc).partition(": ")
+        raise bad_request(f"'{field}' {message}" if message else str(exc), param=field or None) from exc
+
+
+def _fit_context(
+    base: SamplingParams,
+    prompt_len: int,
+    max_tokens: int | None,
+    prompt_field: str,
+    max_tokens_field: str,
+    limits: Limits,
+) -> SamplingParams:
+    if prompt_len == 0:
+        raise bad_request(f"'{prompt_field}' must contain at least one token", param=prompt_field)
+    room = limits.max_model_len - prompt_len
+    if room < 1:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {limits.max_model_len} tokens; the prompt has "
+            f"{prompt_len} tokens, which leaves no room for a completion",
+            param=prompt_field,
+            code="context_length_exceeded",
+        )
+    if max_tokens is not None and max_tokens > room:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {limits.max_model_len} tokens; you requested "
+            f"{prompt_len + max_tokens} tokens ({prompt_len} in the {prompt_field}, {max_tokens} in the "
+            f"completion)",
+            param=max_tokens_field,
+            code="context_length_exceeded",
+        )
+    chosen = max_tokens if max_tokens is not None else min(limits.default_max_tokens, room)
+    if base.min_tokens > chosen:
+        raise bad_request(
+            f"'min_tokens' ({base.min_tokens}) exceeds max_tokens ({chosen})", param="min_tokens"
+        )
+    return dataclasses.replace(base, max_tokens=chosen)
+
+
+def _completion_prompts(
+    value: Any, tokenizer: Any, vocab_size: int | None
+) -> tuple[list[list[int]], list[str | None]]:
+    """prompt: a string, strings, token ids, or lists of token ids -> (ids per prompt, text or None)."""
+    if value is None:
+        raise bad_request("you must provide a prompt", param="prompt", code="missing_required_parameter")
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise bad_request("'prompt' must be a string, an array of strings or of token ids", param="prompt")
+    if all(isinstance(v, str) for v in value):
+        texts: list[str | None] = list(value)
+        return [tokenizer.encode(t) for t in value], texts
+    if all(is_int(v) for v in value):
+        value = [value]
+    if not all(isinstance(p, list) and p and all(is_int(t) for t in p) for p in value):
+        raise bad_request("'prompt' must be a string, an array of strings or of token ids", param="prompt")
+    for ids in value:
+        bad = [t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
+        if bad:
+            raise bad_request(f"'prompt' holds token id {bad[0]} outside the vocabulary", param="prompt")
+    return [list(p) for p in value], [None] * len(value)
