@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rillet.core.errors import ErrorKind
 from rillet.core.sequence import FinishReason, TokenLogprob
 
 
@@ -20,7 +21,8 @@ class SeqDelta:
     prompt_tokens: int
     cached_tokens: int  # prompt tokens reused from the prefix cache
     completion_tokens: int  # total so far
-    error: str | None = None  # with finish_reason ERROR: why this request failed
+    error: str | None = None  # with finish_reason ERROR: why this request failed (text)
+    error_kind: ErrorKind | None = None  # ... and its kind
 
 
 @dataclass(slots=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rillet.core.errors import RequestError
 from rillet.core.structured.spec import GrammarSpec
 
 GREEDY_EPS = 1e-5  # temperatures below this are greedy (dividing by them overflows float32)
@@ -11,7 +12,7 @@ MAX_LOGPROBS = 20
 
 
 def _fail(name: str, message: str) -> None:
-    raise ValueError(f"{name}: {message}")
+    raise RequestError(name, message)
 
 
 @dataclass(frozen=True)

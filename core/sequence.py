@@ -21,6 +21,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from rillet.core.errors import ErrorKind
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.structured.matcher import GrammarMatcher
 
@@ -62,7 +63,8 @@ class Seq:
     num_pending: int = 0
     first_token_time: float | None = None
     deadline: float | None = None  # monotonic time after which the request is cut off
-    error: str | None = None
+    error: str | None = None  # with FinishReason.ERROR: what happened, for logs and messages
+    error_kind: ErrorKind | None = None  # ... and its kind, which callers act on
     index: int = 0  # choice index within its request (n > 1)
     leader: Seq | None = None  # choice 0 of the request; later choices wait for its prefill
     grammar: GrammarMatcher | None = None  # constrained output: has consumed output_ids (matcher.py)

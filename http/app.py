@@ -18,7 +18,8 @@ from aiohttp.typedefs import Handler
 from rillet.http.handlers import STATE, chat_completions, completions, get_model, health, list_models, metrics
 from rillet.http.net.connection import ApiRequestHandler, connection_of
 from rillet.http.net.listener import ApiSite
-from rillet.http.openai.errors import ApiError, from_http_exception, headers_too_large, internal_error
+from rillet.http.net.responses import error_response
+from rillet.http.openai.errors import ApiError, from_http_status, headers_too_large, internal_error
 from rillet.http.state import ServerState
 from rillet.http.ui.routes import add_ui_routes
 
@@ -42,17 +43,17 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
         return resp
     except ApiError as exc:
         status = exc.status
-        return exc.response()
+        return error_response(exc)
     except web.HTTPException as exc:  # routing (404/405) and aiohttp's own checks
-        mapped = from_http_exception(exc, request.method, request.path)
+        mapped = from_http_status(exc.status, exc.reason, request.method, request.path)
         status = mapped.status
-        return mapped.response()
+        return error_response(mapped)
     except (asyncio.CancelledError, ConnectionResetError):
         status = 499  # client closed the request (nginx's convention), for the metrics only
         raise
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
-        return internal_error().response()
+        return error_response(internal_error())
     finally:
         if conn is not None:
             conn.request_finished()

@@ -7,7 +7,6 @@ that the front end stays importable (and testable) without loading the model sta
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -77,19 +76,6 @@ class EngineLike(Protocol):
 
 
 ProgressFn = Callable[[str, float], None]
-
-
-def engine_exception(engine: EngineLike, name: str) -> type[BaseException]:
-    """`QueueFullError` / `EngineDeadError` as defined next to the engine class (never matches if absent)."""
-    module = sys.modules.get(type(engine).__module__)
-    exc = getattr(module, name, None)
-    if isinstance(exc, type) and issubclass(exc, BaseException):
-        return exc
-    return _NeverRaised
-
-
-class _NeverRaised(Exception):
-    pass
 
 
 def vocab_size(tokenizer: Any) -> int | None:

@@ -17,12 +17,14 @@ import uuid
 
 import orjson
 from aiohttp import web
+from rillet.core.errors import EngineDeadError, QueueFullError, RequestError
 from rillet.http.engine_api import EngineLike
+from rillet.http.openai.bodies import chat_body, completion_body
 from rillet.http.openai.chunks import ChunkFormat, Usage
 from rillet.http.openai.errors import JSON_CONTENT_TYPE, bad_request, queue_full, unavailable
 from rillet.http.openai.protocol import GenRequest
 from rillet.http.state import ServerState
-from rillet.http.stream.collect import chat_body, collect, completion_body
+from rillet.http.stream.collect import collect
 from rillet.http.stream.request_stream import RequestStream
 from rillet.http.stream.sse import pump_sse
 from rillet.http.stream.transport_write import transport_write
@@ -155,15 +157,14 @@ def _submit(state: ServerState, engine: EngineLike, gen: GenRequest, stream: Req
             disp.unregister(eid)
         for eid in added:
             engine.abort(eid)
-        raise _submit_error(state, exc) from exc
+        raise _submit_error(exc) from exc
 
 
-def _submit_error(state: ServerState, exc: Exception) -> Exception:
-    if isinstance(exc, state.queue_full_error):
+def _submit_error(exc: Exception) -> Exception:
+    if isinstance(exc, QueueFullError):
         return queue_full(str(exc))
-    if isinstance(exc, state.engine_dead_error):
+    if isinstance(exc, EngineDeadError):
         return unavailable("dead", str(exc))
-    if isinstance(exc, ValueError):  # the engine's own input checks: "field: message"
-        field, _, message = str(exc).partition(": ")
-        return bad_request(str(exc) if not message else f"'{field}' {message}", param=field or None)
+    if isinstance(exc, RequestError):  # the engine's own input checks
+        return bad_request(f"'{exc.param}' {exc.message}", param=exc.param)
     return exc  # unexpected: the middleware logs it and answers 500

@@ -145,7 +145,8 @@ async def serve(cfg: RilletConfig) -> int:
     tune_for_serving(cfg.server.loop_nice)
     engine.start()
     state.attach(engine)
-    log.info("%s", ready_banner(cfg, engine, cfg.server.host, port))
+    blocks = engine.stats().kv_blocks_total
+    log.info("%s", ready_banner(cfg, engine.model_name, engine.max_model_len, blocks, cfg.server.host, port))
     died = asyncio.ensure_future(state.died.wait())
     await asyncio.wait([stopping, died], return_when=asyncio.FIRST_COMPLETED)
     code = 0

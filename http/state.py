@@ -15,7 +15,7 @@ import time
 from typing import Literal
 
 from rillet.core.config import RilletConfig
-from rillet.http.engine_api import EngineLike, engine_exception, vocab_size
+from rillet.http.engine_api import EngineLike, vocab_size
 from rillet.http.metrics.registry import Metrics, Sample, engine_samples
 from rillet.http.net.auth import ApiKeys
 from rillet.http.net.conn_limits import ConnLimits
@@ -23,10 +23,12 @@ from rillet.http.openai.errors import unavailable
 from rillet.http.openai.logprobs import TokenTexts
 from rillet.http.openai.protocol import Limits
 from rillet.http.stream.dispatcher import Dispatcher
+from rillet.http.ui.routes import PUBLIC_ROUTES
 
 log = logging.getLogger(__name__)
 
 Phase = Literal["starting", "ready", "draining", "dead"]
+OPEN_ROUTES = frozenset({"/health"}) | PUBLIC_ROUTES  # served without an API key
 _WATCH_INTERVAL_S = 0.25
 
 
@@ -35,15 +37,13 @@ class ServerState:
         self.cfg = cfg
         self.phase: Phase = "starting"
         self.started = int(time.time())
-        self.keys = ApiKeys(cfg.server.api_keys)
+        self.keys = ApiKeys(cfg.server.api_keys, OPEN_ROUTES)
         self.metrics = Metrics(self._samples)
         self.connections = ConnLimits(cfg.server, self.metrics.registry)
         self.engine: EngineLike | None = None
         self.dispatcher: Dispatcher | None = None
         self.limits: Limits | None = None
         self.texts: TokenTexts | None = None
-        self.queue_full_error: type[BaseException] = Exception
-        self.engine_dead_error: type[BaseException] = Exception
         self.inflight = 0  # API requests being handled (parsing included); draining waits for 0
         self.idle = asyncio.Event()  # set whenever inflight == 0
         self.idle.set()
@@ -65,14 +65,11 @@ class ServerState:
             vocab_size=vocab_size(engine.tokenizer),
             max_prompts=cfg.scheduler.max_waiting,
         )
-        self.queue_full_error = engine_exception(engine, "QueueFullError")
-        self.engine_dead_error = engine_exception(engine, "EngineDeadError")
         disp = Dispatcher(
             engine.ring,
             engine.abort,
             cfg.stream.max_buffered_tokens,
             self.metrics,
-            healthy=lambda: engine.healthy,
         )
         disp.attach(asyncio.get_running_loop())
         self.dispatcher = disp

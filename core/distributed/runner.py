@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rillet.core.engine.scheduler import ScheduledBatch
-from rillet.core.runner.model_runner import FatalRunnerError, InflightStep, ModelRunner
-from rillet.core.runner.sampler import SampleResult
+from rillet.core.runner.base import FatalRunnerError, InflightStep, SampleResult
+from rillet.core.runner.model_runner import ModelRunner
 from rillet.core.sequence import Seq
 
 _DETAIL_CHARS = 160  # of the collective's own error (gloo's run to several sentences)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from rillet.core.build import make_backend, maybe_quantize
 from rillet.core.config import RilletConfig
 from rillet.core.distributed.plan import ShardPlan, ShardSpec
 from rillet.core.loaders.dequant import dequantize
@@ -51,8 +52,6 @@ def load_shard(
     plan: ShardPlan,
 ) -> DecoderModel:
     """This rank's model: the local architecture (its heads, its intermediate rows), its weights."""
-    from rillet.core.runtime import _maybe_quantize, make_backend
-
     local = plan.local_arch()
     backend = make_backend(cfg, local, device, dtype)
     model = build_model(local, backend, dtype, device, cfg.model.max_model_len)
@@ -65,7 +64,7 @@ def load_shard(
     else:
         assert path is not None
         model.load_weights(iter_safetensors_shard(find_hf_folder(path).weight_files, plan, dtype))
-    _maybe_quantize(quantization, model)
+    maybe_quantize(quantization, model)
     if not plan.keeps_lm_head:
         model.quant_head = None  # quantize_int4 made a head from the embedding: never used here
     return model

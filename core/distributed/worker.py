@@ -15,25 +15,20 @@ import os
 import signal
 import sys
 from datetime import timedelta
-from pathlib import Path
 
 import torch
+from rillet.core.build import kv_capacity, model_runner, resolve_device, resolve_precision, resolve_source
 from rillet.core.config import RilletConfig
 from rillet.core.distributed.comm import TPGroup
 from rillet.core.distributed.liveness import Heartbeat, die_with_parent, store_client
 from rillet.core.distributed.plan import ShardPlan
 from rillet.core.distributed.shard_load import load_shard, read_arch
-from rillet.core.loaders.gguf_file import GGUFFile, read_gguf
 from rillet.core.model.decoder import DecoderModel
-from rillet.core.quant.select import resolve_dtype, resolve_quantization
-from rillet.core.runtime import _model_runner, _num_blocks, resolve_device, resolve_model
 from torch._C._distributed_c10d import Store
 
 log = logging.getLogger(__name__)
 
 EXIT_FAILED = 1
-# Test-only: this rank raises while loading (tests/distributed: load errors reach rank 0).
-TEST_LOAD_FAIL_ENV = "RILLET_TEST_TP_LOAD_FAIL_RANK"
 
 
 def status_key(rank: int) -> str:
@@ -77,7 +72,7 @@ def worker_main(cfg: RilletConfig, rank: int, local_rank: int, addr: str, port: 
         device = local_device(cfg, local_rank)
         set_threads(cfg, device)
         model, dtype = _load(cfg, rank, device)
-        capacity = _num_blocks(cfg, model.arch, dtype, device)
+        capacity = kv_capacity(cfg, model.arch, dtype, device)
     except BaseException as exc:
         log.exception("loading failed")
         store.set(status_key(rank), f"error {type(exc).__name__}: {exc}")
@@ -97,15 +92,13 @@ def worker_main(cfg: RilletConfig, rank: int, local_rank: int, addr: str, port: 
 
 
 def _load(cfg: RilletConfig, rank: int, device: torch.device) -> tuple[DecoderModel, torch.dtype]:
-    if os.environ.get(TEST_LOAD_FAIL_ENV) == str(rank):
-        raise RuntimeError(f"test-only load failure ({TEST_LOAD_FAIL_ENV}={rank})")
-    kind, path = resolve_model(cfg)
-    header: GGUFFile | None = read_gguf(path) if kind == "gguf" and path is not None else None
-    source: GGUFFile | Path | None = header if header is not None else path
-    quant = resolve_quantization(cfg.model, kind, source, device)
-    dtype = resolve_dtype(cfg.model.dtype, device, quant.quantization)
-    plan = ShardPlan(read_arch(cfg, kind, path, header), cfg.parallel.tensor_parallel_size, rank)
-    return load_shard(cfg, kind, path, header, device, dtype, quant.quantization, plan), dtype
+    src = resolve_source(cfg)
+    precision = resolve_precision(cfg, src, device)
+    plan = ShardPlan(read_arch(cfg, src.kind, src.path, src.header), cfg.parallel.tensor_parallel_size, rank)
+    model = load_shard(
+        cfg, src.kind, src.path, src.header, device, precision.dtype, precision.quantization, plan
+    )
+    return model, precision.dtype
 
 
 @torch.inference_mode()
@@ -121,7 +114,7 @@ def _serve(
     group = TPGroup(cfg, store, rank, device, cfg.cache.block_size)
     try:
         group.attach(model)
-        runner = _model_runner(cfg, model, num_blocks, (), device, dtype)
+        runner = model_runner(cfg, model, num_blocks, (), device, dtype)
         log.info("ready: %d KV blocks", num_blocks)
         steps = 0
         while (inp := group.recv_step()) is not None:

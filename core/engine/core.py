@@ -17,10 +17,11 @@ from rillet.core.engine.block_manager import BlockManager
 from rillet.core.engine.detokenizer import IncrementalDetokenizer
 from rillet.core.engine.overlap import needs_host_tokens
 from rillet.core.engine.scheduler import ScheduledBatch, Scheduler
+from rillet.core.errors import ErrorKind
 from rillet.core.outputs import SeqDelta, StepOutput
-from rillet.core.runner.model_runner import FatalRunnerError, InflightStep, Runner
-from rillet.core.runner.sampler import SampleResult
+from rillet.core.runner.base import FatalRunnerError, InflightStep, Runner, SampleResult
 from rillet.core.sequence import FinishReason, Seq, SeqStatus, TokenLogprob
+from rillet.core.structured.matcher import GrammarViolation
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,6 @@ class EngineCore:
         self.steps = 0
         self.generated_tokens = 0
         self.wait_seconds = 0.0  # time blocked waiting for launched steps' tokens
-        # Fault injection for tests: request ids whose post-processing raises.
-        self.fail_request_ids: set[str] = set()
 
     # ---- requests ----------------------------------------------------------------------------
     def add(self, seqs: list[Seq]) -> None:
@@ -77,17 +76,23 @@ class EngineCore:
         deltas = []
         for seq in seqs:
             self._detok.pop(seq.seq_id, None)
-            seq.status, seq.finish_reason, seq.error = SeqStatus.FINISHED, FinishReason.ERROR, error
+            seq.status, seq.finish_reason = SeqStatus.FINISHED, FinishReason.ERROR
+            seq.error, seq.error_kind = error, ErrorKind.REJECTED
             deltas.append(self._delta(seq, _Pending([], "", None)))
         return deltas
 
     def abort(
-        self, request_id: str, reason: FinishReason = FinishReason.ABORT, error: str | None = None
+        self,
+        request_id: str,
+        reason: FinishReason = FinishReason.ABORT,
+        error: str | None = None,
+        kind: ErrorKind | None = None,
     ) -> list[SeqDelta]:
+        """Ends every live choice of the request; an ERROR carries its text and kind."""
         deltas = []
         for seq in self.seqs.get(request_id, []):
             if not seq.is_finished:
-                seq.error = error
+                seq.error, seq.error_kind = error, kind
                 self._finish(seq, reason)
                 deltas.append(self._delta(seq, _Pending([], "", None)))
         self.seqs.pop(request_id, None)
@@ -170,7 +175,9 @@ class EngineCore:
     def _fail(self, seqs: list[Seq], exc: Exception, deltas: list[SeqDelta]) -> None:
         log.exception("model step failed; failing %d sequences", len(seqs))
         for seq in list(seqs):
-            deltas.extend(self.abort(seq.request_id, FinishReason.ERROR, f"model step failed: {exc}"))
+            deltas.extend(
+                self.abort(seq.request_id, FinishReason.ERROR, f"model step failed: {exc}", ErrorKind.MODEL)
+            )
 
     def _postprocess(self, sampled: list[Seq], result: SampleResult) -> list[SeqDelta]:
         """Appends, detokenizes and stop-checks each new token; one delta per live sequence.
@@ -178,7 +185,7 @@ class EngineCore:
         deltas: list[SeqDelta] = []
         now = time.monotonic()
         block_size, max_len = self.blocks.block_size, self.max_model_len
-        detoks, faults, finished = self._detok, self.fail_request_ids, SeqStatus.FINISHED
+        detoks, finished = self._detok, SeqStatus.FINISHED
         token_ids, logprobs = result.token_ids, result.logprobs
         appended = 0
         for i, seq in enumerate(sampled):
@@ -186,8 +193,6 @@ class EngineCore:
                 continue  # stopped at the step before (overlap): this token was never wanted
             token, out = token_ids[i], seq.output_ids
             try:
-                if faults and seq.request_id in faults:
-                    raise RuntimeError("injected fault")
                 out.append(token)
                 appended += 1
                 if seq.grammar is not None:
@@ -204,7 +209,9 @@ class EngineCore:
                     self._finish(seq, reason)
             except Exception as exc:
                 log.exception("request %s failed in post-processing", seq.request_id)
-                deltas.extend(self.abort(seq.request_id, FinishReason.ERROR, f"{type(exc).__name__}: {exc}"))
+                kind = ErrorKind.GRAMMAR if isinstance(exc, GrammarViolation) else ErrorKind.OUTPUT
+                error = f"{type(exc).__name__}: {exc}"
+                deltas.extend(self.abort(seq.request_id, FinishReason.ERROR, error, kind))
                 continue
             lp = logprobs[i]
             deltas.append(
@@ -219,6 +226,7 @@ class EngineCore:
                     seq.num_cached,
                     len(out),
                     seq.error,
+                    seq.error_kind,
                 )
             )
             # overlap: the new token completed a block that the step in flight has computed
@@ -248,7 +256,9 @@ class EngineCore:
             if group[0].deadline is not None and now > group[0].deadline
         ]
         for rid in expired:
-            deltas.extend(self.abort(rid, FinishReason.ERROR, "request deadline exceeded"))
+            deltas.extend(
+                self.abort(rid, FinishReason.ERROR, "request deadline exceeded", ErrorKind.DEADLINE)
+            )
         return deltas
 
     def _delta(self, seq: Seq, p: _Pending) -> SeqDelta:
@@ -263,4 +273,5 @@ class EngineCore:
             cached_tokens=seq.num_cached,
             completion_tokens=len(seq.output_ids),
             error=seq.error,
+            error_kind=seq.error_kind,
         )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -21,6 +20,8 @@ from dataclasses import dataclass
 from rillet.core.config import RilletConfig
 from rillet.core.engine.core import EngineCore
 from rillet.core.engine.overlap import resolve_overlap
+from rillet.core.engine.publisher import Publisher
+from rillet.core.errors import EngineDeadError, ErrorKind, QueueFullError, RequestError
 from rillet.core.outputs import StepOutput
 from rillet.core.ring import RingClosed, SpscRing
 from rillet.core.runtime import Runtime, load_runtime
@@ -31,24 +32,6 @@ from rillet.core.structured.setup import attach_structured
 from rillet.core.structured.spec import GrammarSpec, GrammarUnavailable
 
 log = logging.getLogger(__name__)
-
-
-# Test-only: kill the engine thread after this many steps, to test what a crash does to a server
-# process from the outside (tests/reliability). Never set in production.
-_TEST_DIE_ENV = "RILLET_TEST_ENGINE_DIE_AFTER_STEPS"
-
-
-def _test_death_step() -> int | None:
-    value = os.environ.get(_TEST_DIE_ENV)
-    return int(value) if value else None
-
-
-class QueueFullError(Exception):
-    """The waiting queue is at `scheduler.max_waiting`: try again later (HTTP 429)."""
-
-
-class EngineDeadError(Exception):
-    """The engine thread has died; no request can be served (HTTP 503)."""
 
 
 @dataclass(frozen=True)
@@ -189,11 +172,12 @@ class Engine:
         if self._dead:
             raise EngineDeadError(self.error or "engine is not running")
         if not prompt_ids:
-            raise ValueError("prompt: must contain at least one token")
+            raise RequestError("prompt", "must contain at least one token")
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
-            raise ValueError(
-                f"prompt: {len(prompt_ids)} prompt tokens + max_tokens {params.max_tokens} exceed the "
-                f"context length {self.max_model_len}"
+            raise RequestError(
+                "prompt",
+                f"{len(prompt_ids)} prompt tokens + max_tokens {params.max_tokens} exceed the "
+                f"context length {self.max_model_len}",
             )
         if self.core.num_waiting + self._added - self._taken >= self.cfg.scheduler.max_waiting:
             raise QueueFullError(f"waiting queue is full ({self.cfg.scheduler.max_waiting})")
@@ -251,47 +235,29 @@ class Engine:
 
     # ---- the engine thread ---------------------------------------------------------------------
     def _run(self) -> None:
-        die_at = _test_death_step()
-        # A step's output is published when the next step starts its model run (see
-        # EngineCore.step's `before_run`), or at once when no next step follows.
-        held: list[StepOutput] = []
-        ring, handoff_s = self.ring, self.handoff_s
-
-        def publish() -> None:
-            if held:
-                ring.push(held.pop())
-
-        def publish_and_hand_off() -> None:  # before a model run: see stream.handoff
-            if held:
-                ring.push(held.pop())
-                ring.wait_released(handoff_s or 0.0)
-
-        before_run = publish if handoff_s is None else publish_and_hand_off
+        publisher = Publisher(self.ring, self.handoff_s)
         poll = self.runtime.runner.poll  # work that must run on this thread, between steps
-
         try:
             while not self._stop:
                 poll()
-                if die_at is not None and self.core.steps >= die_at:
-                    raise RuntimeError(f"test-only engine death ({_TEST_DIE_ENV}={die_at})")
                 if self._fatal is not None:
                     raise RuntimeError(self._fatal)
                 aborted = self._drain_inbox()
                 if not self.core.has_work() and not aborted:
-                    publish()
+                    publisher.flush()
                     self._wake.wait(0.1)
                     self._wake.clear()
                     continue
                 t0 = time.perf_counter()
-                out = self.core.step(before_run)
-                publish()  # not called when nothing was scheduled
+                out = self.core.step(publisher.before_run)
+                publisher.flush()  # before_run was not called if nothing was scheduled
                 if aborted:
                     step = out.step if out is not None else self.core.steps
                     out = StepOutput(step, aborted.deltas + (out.deltas if out else []))
                 if out is not None and out.deltas:
-                    held.append(out)
-                    if not self.core.has_work():
-                        publish()
+                    publisher.hold(out)
+                if not self.core.has_work():
+                    publisher.flush()
                 self._busy += time.perf_counter() - t0
         except RingClosed:
             pass
@@ -299,8 +265,7 @@ class Engine:
             self.error = f"engine thread died: {type(exc).__name__}: {exc}"
             log.exception("engine thread died")
             self._dead = True
-            if held:  # tokens already produced go out before the failures
-                self.ring.try_push(held.pop())
+            publisher.salvage()  # tokens already produced go out before the failures
             self._fail_everything()
             raise
 
@@ -326,7 +291,7 @@ class Engine:
         deltas = []
         for rid in list(self.core.seqs):
             try:
-                deltas.extend(self.core.abort(rid, FinishReason.ERROR, self.error))
+                deltas.extend(self.core.abort(rid, FinishReason.ERROR, self.error, ErrorKind.ENGINE_DEAD))
             except Exception:
                 log.exception("while failing request %s", rid)
         if deltas:

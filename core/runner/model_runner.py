@@ -10,52 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
-from rillet.core.attention.base import AttentionMetadata, DecodeMetadata
 from rillet.core.engine.scheduler import ScheduledBatch
 from rillet.core.model.decoder import DecoderModel, KVCache
+from rillet.core.runner.base import InflightStep, SampleResult
 from rillet.core.runner.sample_output import HostSample
-from rillet.core.runner.sampler import Sampler, SampleResult
+from rillet.core.runner.sampler import Sampler
 from rillet.core.runner.step_inputs import InputBuilder, StepInputs
 from rillet.core.sequence import Seq
 from rillet.core.structured.masks import MaskFiller
 from rillet.graphs.interface import DecodeBatch
 from rillet.graphs.runner import GraphRunner
-
-
-class FatalRunnerError(RuntimeError):
-    """The runner can run no further step (e.g. a tensor-parallel rank is gone): the engine stops,
-    instead of failing this batch alone and going on."""
-
-
-class InflightStep(Protocol):
-    """A launched step: `seqs` are the sequences it samples, in the order of `wait()`'s rows."""
-
-    seqs: list[Seq]
-
-    def wait(self) -> SampleResult: ...
-
-
-class Runner(Protocol):
-    """What the engine needs from a model: launch one scheduled step; forget a finished sequence.
-
-    A launch reads each sequence's host state as it is then (num_computed, tokens, blocks,
-    num_pending); a decode whose input token is pending takes it from the previous launch's
-    output on the device. Launches run on the device in the order they are made."""
-
-    def launch(self, batch: ScheduledBatch) -> InflightStep: ...
-
-    def release(self, seq: Seq) -> None: ...
-
-    def poll(self) -> None:
-        """Between steps, on the engine thread (idle or not): work that must run on the thread
-        that runs the model, e.g. timing a freshly compiled decode step (graphs/compiled.py)."""
-
-    def close(self) -> None:
-        """The engine has stopped stepping: end background work (a compile in flight finishes
-        first: graphs/compiled.py) and helper threads."""
 
 
 @dataclass
@@ -65,47 +31,6 @@ class _Launched:
 
     def wait(self) -> SampleResult:
         return self.host.wait()
-
-
-class DecoderGraphAdapter:
-    """The model as graphs/ sees it (graphs/interface.py): host planning, then a capturable forward.
-
-    A backend with `graph_safe_decode` (torch) gets a `DecodeMetadata` built inside the forward
-    from the batch's tensors: nothing to plan, no host list in the traced code, so the compiled
-    step never guards on (and never recompiles for) a batch's contents. Others (flashinfer) plan
-    an `AttentionMetadata` on the host in prepare_decode and read it in the forward."""
-
-    def __init__(self, model: DecoderModel, kv_caches: list[KVCache], block_size: int) -> None:
-        self.model = model
-        self.kv_caches = kv_caches
-        self.block_size = block_size
-        self.graph_safe = bool(getattr(model.backend, "graph_safe_decode", False))
-        self.meta: AttentionMetadata | None = None
-
-    def prepare_decode(self, b: DecodeBatch) -> None:
-        if self.graph_safe:
-            return
-        self.meta = AttentionMetadata(
-            b.slot_mapping,
-            b.query_start,
-            b.seq_lens,
-            b.block_tables,
-            [1] * b.num_rows,
-            b.seq_lens_cpu,
-            self.block_size,
-            num_prefills=0,
-        )
-        self.model.backend.begin_step(self.meta)
-
-    def forward_decode(self, b: DecodeBatch) -> torch.Tensor:  # [n, H]
-        if self.graph_safe:
-            meta: AttentionMetadata | DecodeMetadata = DecodeMetadata(
-                b.slot_mapping, b.seq_lens, b.block_tables
-            )
-        else:
-            assert self.meta is not None
-            meta = self.meta
-        return self.model(b.input_ids, b.positions, self.kv_caches, meta)
 
 
 class ModelRunner:

@@ -17,13 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from rillet.core.runner.base import SampleResult
 from rillet.core.sequence import Seq, TokenLogprob
-
-
-@dataclass(slots=True)
-class SampleResult:
-    token_ids: list[int]  # one per row, in the order of the seqs passed to `sample`
-    logprobs: list[TokenLogprob | None]  # None where the row's params.logprobs is None
 
 
 @dataclass(frozen=True, slots=True)

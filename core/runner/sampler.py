@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from itertools import chain
 
 import torch
-from rillet.core.runner.sample_output import DeviceSample, SampleResult, pack_logprobs
+from rillet.core.runner.base import SampleResult
+from rillet.core.runner.sample_output import DeviceSample, pack_logprobs
 from rillet.core.sampling_params import GREEDY_EPS
 from rillet.core.sequence import Seq
 from rillet.core.structured.masks import PendingMask
@@ -159,9 +160,7 @@ class Sampler:
     def release(self, seq_id: int) -> None:
         self._seeded.pop(seq_id, None)
 
-    def sample(
-        self, logits: torch.Tensor, seqs: list[Seq], mask: PendingMask | None = None
-    ) -> SampleResult:
+    def sample(self, logits: torch.Tensor, seqs: list[Seq], mask: PendingMask | None = None) -> SampleResult:
         """logits [B, V] float32, rows in the order of `seqs`. Does not modify `logits`.
 
         `mask`: the grammar bitmasks of the constrained rows, applied first (like the min_tokens

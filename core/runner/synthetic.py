@@ -20,8 +20,7 @@ from dataclasses import dataclass
 
 import torch
 from rillet.core.engine.scheduler import ScheduledBatch
-from rillet.core.runner.model_runner import InflightStep
-from rillet.core.runner.sampler import SampleResult
+from rillet.core.runner.base import InflightStep, SampleResult
 from rillet.core.runner.step_inputs import InputBuilder
 from rillet.core.sequence import Seq
 

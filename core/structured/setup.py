@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 
 from rillet.core.config import StructuredConfig
-from rillet.core.runner.model_runner import ModelRunner, Runner
+from rillet.core.runner.base import Runner
+from rillet.core.runner.model_runner import ModelRunner
 from rillet.core.structured.compiler import GrammarCompiler, grammar_engine_available
 from rillet.core.structured.masks import MaskFiller
 from rillet.core.structured.spec import INSTALL_HINT

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from rillet.core.errors import RequestError
+
 GrammarKind = Literal["json_schema", "json_object", "lark"]
 
 
@@ -21,13 +23,8 @@ class GrammarSpec:
     param: str = field(default="response_format", compare=False)  # request field named in errors
 
 
-class GrammarError(ValueError):
+class GrammarError(RequestError):
     """A grammar that cannot be compiled (invalid, unsupported, too complex): the client's fault."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(f"{param}: {message}")
-        self.param = param
-        self.message = message
 
 
 class GrammarUnavailable(GrammarError):

@@ -4,24 +4,25 @@ from __future__ import annotations
 
 import orjson
 from rillet.core.config import RilletConfig
-from rillet.http.engine_api import EngineLike
 
 
-def ready_banner(cfg: RilletConfig, engine: EngineLike, host: str, port: int) -> str:
+def ready_banner(
+    cfg: RilletConfig, model_name: str, context: int, kv_blocks: int, host: str, port: int
+) -> str:
+    """`context`: the served context length; `kv_blocks`: the KV pool's usable blocks."""
     m, c, s, st, srv = cfg.model, cfg.cache, cfg.scheduler, cfg.stream, cfg.server
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     url = f"http://{shown_host}:{port}"
-    stats = engine.stats()
     example = orjson.dumps(
-        {"model": engine.model_name, "messages": [{"role": "user", "content": "Hello!"}]}
+        {"model": model_name, "messages": [{"role": "user", "content": "Hello!"}]}
     ).decode()
     auth = f"on ({len(srv.api_keys)} key{'s' * (len(srv.api_keys) != 1)})" if srv.api_keys else "off"
     key_header = " -H 'Authorization: Bearer <key>'" if srv.api_keys else ""
     lines = [
-        f"ready: serving '{engine.model_name}' at {url}/v1  (OpenAI API; /health, /metrics)",
+        f"ready: serving '{model_name}' at {url}/v1  (OpenAI API; /health, /metrics)",
         f"  model     path={m.path or '<default SmolLM2-135M-Instruct>'} kind={m.kind} dtype={m.dtype} "
-        f"device={m.device} context={engine.max_model_len}",
-        f"  kv cache  {stats.kv_blocks_total} blocks x {c.block_size} tokens, prefix caching "
+        f"device={m.device} context={context}",
+        f"  kv cache  {kv_blocks} blocks x {c.block_size} tokens, prefix caching "
         f"{'on' if c.prefix_caching else 'off'}",
         f"  scheduler max_num_seqs={s.max_num_seqs} max_num_batched_tokens={s.max_num_batched_tokens} "
         f"max_waiting={s.max_waiting}",

@@ -9,15 +9,12 @@ scraped.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from rillet.http.metrics.loop_histogram import LoopHistogram
-
-if TYPE_CHECKING:
-    from rillet.http.stream.request_stream import RequestStream
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -26,6 +23,15 @@ _E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 30
 
 # (name, help, kind, value); kind is "gauge" or "counter"
 Sample = tuple[str, str, str, float]
+
+
+class TokenClock(Protocol):
+    """A request's token timing, kept on the request itself (the stream layer's RequestStream)."""
+
+    arrival: float
+    first_token_at: float | None
+    last_token_at: float
+    last_step: int  # engine step of the latest token (one ITL observation per step)
 
 
 class _Snapshot(Collector):
@@ -62,7 +68,7 @@ class Metrics:
             r.register(h)
         r.register(_Snapshot(snapshot))
 
-    def token_times(self, stream: RequestStream, now: float, num_tokens: int, step: int) -> None:
+    def token_times(self, stream: TokenClock, now: float, num_tokens: int, step: int) -> None:
         """Called by the dispatcher once per delta with tokens; `now` is shared by the whole routing
         pass, which may hold several engine steps (their later tokens then count a 0 s gap)."""
         if stream.first_token_at is None:

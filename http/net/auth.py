@@ -10,14 +10,13 @@ from __future__ import annotations
 import hmac
 
 from rillet.http.openai.errors import ApiError
-from rillet.http.ui.routes import PUBLIC_ROUTES
-
-OPEN_ROUTES = frozenset({"/health"}) | PUBLIC_ROUTES
 
 
 class ApiKeys:
-    def __init__(self, keys: tuple[str, ...]) -> None:
+    def __init__(self, keys: tuple[str, ...], open_routes: frozenset[str] = frozenset()) -> None:
+        """`open_routes`: canonical routes that need no key (health, the browser page's files)."""
         self._keys = [k.encode() for k in keys]
+        self._open = open_routes
 
     @property
     def enabled(self) -> bool:
@@ -26,7 +25,7 @@ class ApiKeys:
     def check(self, route: str, authorization: str | None) -> None:
         """Raises a 401 unless the header is `Bearer <a configured key>` or `route` (the matched
         route's canonical form; "unmatched" for none) is open."""
-        if not self._keys or route in OPEN_ROUTES:
+        if not self._keys or route in self._open:
             return
         if not authorization:
             raise _unauthorized("Missing API key: send 'Authorization: Bearer <key>'")

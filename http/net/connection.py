@@ -35,6 +35,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 from rillet.http.net.conn_limits import Admission, ConnLimits
+from rillet.http.net.responses import error_response
 from rillet.http.net.wire_errors import raw_response, read_timeout, too_many_connections, wire_error
 from rillet.http.openai.errors import ApiError
 
@@ -114,7 +115,7 @@ class ApiRequestHandler(RequestHandler):
     ) -> web.StreamResponse:
         """aiohttp's own answers (parser errors: 400) in the API's error shape."""
         super().handle_error(request, status, exc, message)  # logs; raises if a response was begun
-        return wire_error(exc, status, self._max_header).response()
+        return error_response(wire_error(exc, status, self._max_header))
 
     # ---- called by the middleware and the body reader ----------------------------------------
     def request_started(self, request: web.BaseRequest) -> None:

@@ -15,10 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+from rillet.core.sequence import TokenLogprob
 from rillet.http.openai.errors import ApiError
 from rillet.http.openai.logprobs import CompletionLogprobs, TokenTexts, chat_entries
 from rillet.http.openai.tool_calls import Event, ToolCallParser, new_call_id
-from rillet.http.stream.coalesce import Piece
 
 DONE = b"data: [DONE]\n\n"
 _dumps = orjson.dumps
@@ -75,15 +75,15 @@ class ChunkFormat:
     def text_event(self, index: int, text: str) -> bytes:
         return self._content_prefix[index] + _dumps(text) + self._close + self._null_tail
 
-    def content(self, piece: Piece) -> bytes:
-        if piece.logprobs is None:
-            return self.text_event(piece.index, piece.text)
+    def content(self, index: int, text: str, logprobs: list[TokenLogprob] | None) -> bytes:
+        if logprobs is None:
+            return self.text_event(index, text)
         return (
-            self._content_prefix[piece.index]
-            + _dumps(piece.text)
+            self._content_prefix[index]
+            + _dumps(text)
             + self._close
             + b',"logprobs":'
-            + _dumps(self._logprobs(piece))
+            + _dumps(self._logprobs(index, logprobs))
             + b',"finish_reason":null}]'
             + self._usage_field
             + b"}\n\n"
@@ -130,11 +130,10 @@ class ChunkFormat:
     def usage(self, usage: dict[str, Any]) -> bytes:
         return sse_event({**self._envelope, "choices": [], "usage": usage})
 
-    def _logprobs(self, piece: Piece) -> dict[str, Any]:
-        lps = piece.logprobs or []
+    def _logprobs(self, index: int, lps: list[TokenLogprob]) -> dict[str, Any]:
         if self.chat:
             return {"content": chat_entries(lps, self.texts)}
-        return self._completion_lps[piece.index].columns(lps, self.texts)
+        return self._completion_lps[index].columns(lps, self.texts)
 
 
 def _merged(events: list[Event]) -> list[Event]:

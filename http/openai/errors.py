@@ -1,7 +1,8 @@
 """API errors in the OpenAI shape: `{"error": {"message", "type", "param", "code"}}`.
 
 Every failure the server reports goes through `ApiError`; handlers raise it and the error
-middleware (server.py) turns it into a response, so a bad request can never surface as a 500.
+middleware (app.py, with net/responses.py) turns it into a response, so a bad request can never
+surface as a 500. Plain data here: no aiohttp.
 """
 
 from __future__ import annotations
@@ -9,9 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from aiohttp import web
+from rillet.core.errors import ErrorKind
 from rillet.core.sequence import FinishReason
-from rillet.core.structured.matcher import GrammarViolation
 
 JSON_CONTENT_TYPE = "application/json"
 
@@ -42,14 +42,6 @@ class ApiError(Exception):
 
     def to_json(self) -> bytes:
         return orjson.dumps(self.body())
-
-    def response(self) -> web.Response:
-        resp = web.Response(
-            status=self.status, body=self.to_json(), content_type=JSON_CONTENT_TYPE, headers=self.headers
-        )
-        if self.close:
-            resp.force_close()
-        return resp
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -85,9 +77,8 @@ def queue_full(detail: str) -> ApiError:
     )
 
 
-def from_http_exception(exc: web.HTTPException, method: str, path: str) -> ApiError:
-    """aiohttp's own 404/405/413 (routing, body size) in our shape."""
-    status = exc.status
+def from_http_status(status: int, reason: str | None, method: str, path: str) -> ApiError:
+    """The HTTP framework's own 404/405/413 (routing, body size) in our shape."""
     if status == 404:
         return ApiError(404, f"Invalid URL ({method} {path})", code="unknown_url")
     if status == 405:
@@ -95,7 +86,7 @@ def from_http_exception(exc: web.HTTPException, method: str, path: str) -> ApiEr
     if status == 413:
         return ApiError(413, "Request body is too large", code="request_too_large")
     code = "server_error" if status >= 500 else "invalid_request_error"
-    return ApiError(status, exc.reason or "HTTP error", type=code)
+    return ApiError(status, reason or "HTTP error", type=code)
 
 
 def internal_error() -> ApiError:
@@ -121,34 +112,10 @@ def engine_dead(detail: str | None) -> ApiError:
     )
 
 
-# The error core/engine/core.py gives a request whose `server.request_timeout_s` ran out.
-DEADLINE_ERROR = "request deadline exceeded"
-
-
-def finish_failure(reason: FinishReason | None, error: str | None) -> ApiError | None:
+def finish_failure(reason: FinishReason | None, error: str | None, kind: ErrorKind | None) -> ApiError | None:
     """An ERROR / ABORT end the client should hear about (its own disconnects never get that far)."""
-    if reason is FinishReason.ERROR and error == DEADLINE_ERROR:
-        return ApiError(
-            504,
-            "the request did not finish within the server's time limit (server.request_timeout_s)",
-            type="timeout_error",
-            code="deadline_exceeded",
-        )
-    if reason is FinishReason.ERROR and (error or "").startswith(GrammarViolation.__name__):
-        # the request's own grammar gave out mid-way (e.g. a schema past the grammar engine's limits)
-        return ApiError(
-            400,
-            f"the output could not be continued under the requested grammar: {error}",
-            param="response_format",
-            code="grammar_error",
-        )
     if reason is FinishReason.ERROR:
-        return ApiError(
-            500,
-            f"generation failed: {error or 'unknown error'}",
-            type="server_error",
-            code="generation_error",
-        )
+        return _error_end(error, kind)
     if reason is FinishReason.ABORT:
         return ApiError(
             503,
@@ -157,3 +124,26 @@ def finish_failure(reason: FinishReason | None, error: str | None) -> ApiError |
             code="aborted",
         )
     return None
+
+
+def _error_end(error: str | None, kind: ErrorKind | None) -> ApiError:
+    if kind is ErrorKind.DEADLINE:
+        return ApiError(
+            504,
+            "the request did not finish within the server's time limit (server.request_timeout_s)",
+            type="timeout_error",
+            code="deadline_exceeded",
+        )
+    if kind is ErrorKind.GRAMMAR:
+        # the request's own grammar gave out mid-way (e.g. a schema past the grammar engine's limits)
+        return ApiError(
+            400,
+            f"the output could not be continued under the requested grammar: {error}",
+            param="response_format",
+            code="grammar_error",
+        )
+    if kind is ErrorKind.ENGINE_DEAD:
+        return engine_dead(error)
+    return ApiError(
+        500, f"generation failed: {error or 'unknown error'}", type="server_error", code="generation_error"
+    )

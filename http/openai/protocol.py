@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rillet.core.errors import RequestError
 from rillet.core.sampling_params import MAX_LOGPROBS, SamplingParams
 from rillet.core.structured.spec import GrammarSpec
 from rillet.http.openai.chat_messages import parse_messages
@@ -27,8 +28,9 @@ from rillet.http.openai.fields import (
     opt_str_list,
     type_name,
 )
-from rillet.http.openai.structured import ToolSetup, parse_response_format, parse_tools
+from rillet.http.openai.response_format import parse_response_format
 from rillet.http.openai.tool_prompt import for_template, template_renders_tools
+from rillet.http.openai.tools import ToolSetup, parse_tools
 
 Kind = Literal["chat", "completion"]
 # Rejected whenever present and not null / empty: they would change the answer's meaning.
@@ -231,9 +233,8 @@ def _sampling_params(body: Body, logprobs: int | None, grammar: GrammarSpec | No
 def _make_params(kwargs: dict[str, Any]) -> SamplingParams:
     try:
         return SamplingParams(**kwargs)
-    except ValueError as exc:
-        field, _, message = str(exc).partition(": ")
-        raise bad_request(f"'{field}' {message}" if message else str(exc), param=field or None) from exc
+    except RequestError as exc:
+        raise bad_request(f"'{exc.param}' {exc.message}", param=exc.param) from exc
 
 
 def _fit_context(

@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rillet.http.openai.structured import Tool
+from rillet.http.openai.tools import Tool
 
 TOOLS_INTRO = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rillet.core.errors import ErrorKind
 from rillet.core.outputs import SeqDelta
 from rillet.core.sequence import FinishReason, TokenLogprob
 
@@ -22,6 +23,7 @@ class Piece:
     logprobs: list[TokenLogprob] | None
     finish: FinishReason | None = None
     error: str | None = None
+    error_kind: ErrorKind | None = None
 
     @property
     def text(self) -> str:
@@ -60,5 +62,6 @@ def coalesce(deltas: list[SeqDelta], limit: int, started: list[bool]) -> list[Pi
         if d.finish_reason is not None:
             piece.finish = d.finish_reason
             piece.error = d.error
+            piece.error_kind = d.error_kind
             open_.pop(i, None)
     return out

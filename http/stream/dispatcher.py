@@ -16,9 +16,9 @@ import logging
 import time
 from collections.abc import Callable
 
+from rillet.core.errors import ErrorKind
 from rillet.core.outputs import StepOutput
 from rillet.core.ring import SpscRing
-from rillet.core.sequence import FinishReason
 from rillet.http.metrics.registry import Metrics
 from rillet.http.openai.errors import ApiError, engine_dead
 from rillet.http.stream.request_stream import RequestStream
@@ -33,13 +33,9 @@ class Dispatcher:
         abort: Callable[[str], None],
         max_buffered_tokens: int,
         metrics: Metrics | None = None,
-        healthy: Callable[[], bool] | None = None,
     ) -> None:
         self._ring = ring
         self._abort = abort
-        # After an engine crash its last deltas fail every live request with ERROR: the client
-        # should hear "engine dead" (503), not "your request failed" (500).
-        self._healthy = healthy
         self._max_buffered = max_buffered_tokens
         self._metrics = metrics
         # engine request id -> (its request's stream, index of its first choice in that stream)
@@ -117,7 +113,7 @@ class Dispatcher:
                     tokens += k
                     if metrics is not None:
                         metrics.token_times(stream, now, k, out.step)
-                if d.finish_reason is FinishReason.ERROR and self._engine_dead():
+                if d.error_kind is ErrorKind.ENGINE_DEAD:  # 503 "engine dead", not "your request failed"
                     stream.fail(engine_dead(d.error))
                     routes.pop(d.request_id, None)
                     continue
@@ -134,9 +130,6 @@ class Dispatcher:
             stream.deliver()
         if metrics is not None and tokens:
             metrics.generation_tokens.inc(tokens)
-
-    def _engine_dead(self) -> bool:
-        return self._healthy is not None and not self._healthy()
 
     def _cut_off(self, stream: RequestStream) -> None:
         log.warning(

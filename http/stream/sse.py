@@ -57,13 +57,13 @@ class Emitter:
             usage.update(d.index, d.completion_tokens, d.cached_tokens)
         out: list[bytes] = []
         for piece in coalesce(deltas, self.limit, self.started):
-            failure = failure or finish_failure(piece.finish, piece.error)
+            failure = failure or finish_failure(piece.finish, piece.error, piece.error_kind)
             if failure is not None:
                 break
             if fmt.tool_parsers is not None:
                 out += fmt.tool_text(piece.index, piece.text)
             elif piece.logprobs or piece.text:  # an empty text (held-back stop prefix) is no event
-                out.append(fmt.content(piece))
+                out.append(fmt.content(piece.index, piece.text, piece.logprobs))
             if piece.finish is not None:
                 out.append(fmt.finish(piece.index, piece.finish.value))
         return out, failure

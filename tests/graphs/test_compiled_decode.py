@@ -21,7 +21,8 @@ from rillet.core.config import CompileMode, GraphConfig, config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.model.decoder import allocate_kv_cache, build_model
 from rillet.core.model.shapes import shape_arch
-from rillet.core.runner.model_runner import DecoderGraphAdapter, ModelRunner
+from rillet.core.runner.graph_adapter import DecoderGraphAdapter
+from rillet.core.runner.model_runner import ModelRunner
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import TokenLogprob
 from rillet.graphs.compiled import resolve_compile_mode

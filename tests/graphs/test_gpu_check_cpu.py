@@ -1,4 +1,4 @@
-"""bench/gpu_check.py on the CPU, so the one GPU check cannot rot between GPU leases.
+"""bench/gpu/check.py on the CPU, so the one GPU check cannot rot between GPU leases.
 
 The smoke run executes every part with tiny shapes (torch attention, no graphs): argument parsing,
 the HTTP client subprocess, JSON writing and the table printed last. The rest checks the pieces the
@@ -16,25 +16,23 @@ from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import gpu_check
-import gpu_plan
-from gpu_greedy import compare_greedy, rejudge
-from gpu_logits import logit_stats
+from repo import REPO
 from rillet.core.config import load_config
 from rillet.core.llm import CompletionOutput
 from rillet.core.sequence import TokenLogprob
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+import bench.gpu.check as gpu_check
+import bench.gpu.plan as gpu_plan
+from bench.gpu.greedy import compare_greedy, rejudge
+from bench.gpu.logits import logit_stats
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict]:
     out = tmp_path_factory.mktemp("gpu_check") / "gpu_check.json"
-    cmd = [sys.executable, str(BENCH / "gpu_check.py"), "--cpu-smoke", "--out", str(out)]
+    cmd = [sys.executable, "-m", "bench.gpu.check", "--cpu-smoke", "--out", str(out)]
     # the timeout only bounds a hang: the smoke run took ~35 s on a loaded 2-core box
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
     return proc, json.loads(out.read_text())
 
 
@@ -230,8 +228,8 @@ def test_gpu_plan_sizes_fit() -> None:
 
 
 def test_gpu_run_passes_the_budget_clock_and_collects_flashinfer_logs() -> None:
-    """bench/gpu_run.sh (the device command) as text: what it hands gpu_check.py and brings back."""
-    text = (BENCH / "gpu_run.sh").read_text()
+    """bench/gpu/run.sh (the device command) as text: what it hands bench.gpu.check and brings back."""
+    text = (REPO / "bench" / "gpu" / "run.sh").read_text()
     assert "export GPU_RUN_START=" in text.split("source .gpu/install.sh")[0]  # before the install
     assert "FLASHINFER_JIT_BUILD_LOG=" in text and "flashinfer_jit.log" in text
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from repo import REPO
+
 HTTP = REPO / "http"
 
 
 def test_http_has_no_init_and_no_torch_import() -> None:
     assert not (HTTP / "__init__.py").exists()
-    for path in sorted(HTTP.glob("*.py")):
+    for path in sorted(HTTP.rglob("*.py")):  # every layer, subfolders included
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
@@ -21,7 +21,7 @@ def test_http_has_no_init_and_no_torch_import() -> None:
                 names = [node.module or ""]
             else:
                 continue
-            assert not any(n == "torch" or n.startswith("torch.") for n in names), path.name
+            assert not any(n == "torch" or n.startswith("torch.") for n in names), path
 
 
 def test_stdlib_http_wins_from_the_repo_root() -> None:

@@ -135,7 +135,7 @@ async def _normal(port: int, model: str, i: int) -> list[Any]:
 
 
 def test_stuck_readers_cost_the_others_no_work_per_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The mechanism that keeps the others' inter-token latency (bench/slow_readers.py measures
+    """The mechanism that keeps the others' inter-token latency (bench/serving/slow_readers.py measures
     it): while a client's socket is full, its tokens are only appended to its stream: no
     formatting, no write, no wake-up per token; the engine never waits; everyone else gets every
     token. Counted, not timed."""

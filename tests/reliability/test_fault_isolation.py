@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
-from engine_hooks import hold_first_step, hold_steps
+from engine_hooks import fail_postprocessing, hold_first_step, hold_steps
 from rel_helpers import (
     CHAT,
     COMP,
@@ -59,7 +59,7 @@ def test_injected_fault_fails_only_its_request() -> None:
                         next(i for i in ids if i.startswith("cmpl-")),
                     ]
                 )
-                engine.core.fail_request_ids.update(victims)
+                fail_postprocessing(engine, victims)
             return True
 
         async def run() -> tuple[list[list[Any]], list[tuple[int, bytes]]]:

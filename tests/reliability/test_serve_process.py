@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from faulty_rillet import DIE_AFTER_STEPS
 from proc_helpers import REPO, RILLET, ServeProcess
 from rel_helpers import COMP, fetch, send, stream_text
 
@@ -65,7 +66,7 @@ def test_engine_death_exits_non_zero_after_telling_the_clients() -> None:
     srv = ServeProcess(
         "model.synthetic_step_ms=10",
         "scheduler.max_num_seqs=1",
-        env={"RILLET_TEST_ENGINE_DIE_AFTER_STEPS": "40"},
+        faults={DIE_AFTER_STEPS: "40"},
     )
     try:
         body = {"model": "synthetic", "max_tokens": 200, "ignore_eos": True}

@@ -1,0 +1,1 @@
+"""Benchmarks of the engine offline: throughput, compile time, numerics, tensor parallelism."""

@@ -1,0 +1,305 @@
+"""The ONE GPU check of issue 5 (one device call of <= 420 s on the H200, the kit's install included).
+Prints a table last; writes all numbers as JSON after every part ($OUT/gpu_check.json when OUT is
+set, else bench/out/gpu_check.json).
+
+    bash bench/gpu_run.sh stage                        # here: GPU kit, wheels, tokenizer into .gpu/
+    bash bench/gpu_run.sh                              # there (bench/GPU.md has the exact call)
+    .venv/bin/python bench/gpu_check.py --cpu-smoke    # the same code on CPU, tiny shapes (tests)
+
+Parts, in order (gpu_plan.PARTS); one that raises is marked FAIL and the rest still run; one that
+the time budget cannot fit is not started (SKIP); a watchdog prints the table and exits if a part
+overruns. The parts that answer the targets come first, on one 7B engine:
+  copy bandwidth | build the 7B engine with CUDA graphs | (b) batch-1 decode vs the roofline |
+  (c) batch-64 decode at ~1k context | (d) stream vs non-stream through the HTTP server, c=1 and 64 |
+  (a) greedy tokens graphs vs eager, 7B | then (a) logits vs transformers, 7B shape and default
+  shape | (a) greedy tokens graphs vs eager, default shape (a second compile, so last).
+The budget counts from GPU_RUN_START (epoch seconds, exported by gpu_run.sh before the install)
+when set, else from this script's start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.gpu.greedy import rejudge
+from bench.gpu.plan import NEED_S, Part, Plan, make_plan, row
+from bench.lib.common import OUT, peak_rss_mib, table, write_json
+
+COLS = ["part", "measured", "target", "floor / ref", "verdict", "note"]
+
+
+@dataclass
+class Results:
+    path: Path
+    plan: Plan
+    parts: dict[str, Any] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    current: str = ""
+    cuda_peak_gib: float = 0.0
+    setup_s: float = 0.0  # spent before this script started (install, import check): in the budget
+    start: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.start -= self.setup_s
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def time_left(self) -> float:
+        return self.plan.budget_s - self.elapsed()
+
+    def write(self) -> None:
+        summary = {
+            "elapsed_s": self.elapsed(),
+            "setup_s": self.setup_s,
+            "budget_s": self.plan.budget_s,
+            "cuda_peak_gib": self.cuda_peak_gib,
+            "rss_peak_mib": peak_rss_mib(),
+        }
+        write_json(
+            self.path,
+            {"plan": self.plan.to_json(), "summary": summary, "parts": self.parts, "table": self.rows},
+        )
+
+    def final_rows(self) -> list[dict[str, Any]]:
+        mem = f"GPU {self.cuda_peak_gib:.1f} GiB" if self.plan.device == "cuda" else "GPU n/a"
+        return [
+            *self.rows,
+            row("memory / time", f"{mem}, RSS {peak_rss_mib():.0f} MiB, {self.elapsed():.0f} s"),
+        ]
+
+    def report(self) -> str:
+        lines = [f"gpu_check ({self.plan.device}, {time.strftime('%Y-%m-%d %H:%M %Z')}); JSON: {self.path}"]
+        return "\n".join([*lines, table(self.final_rows(), COLS)])
+
+
+def run_part(res: Results, name: str, need_s: float, fn: Any) -> Any:
+    """Runs fn() -> Part unless the budget cannot fit `need_s`; records rows, timing, GPU peak."""
+    left = res.time_left()
+    if left < need_s:
+        res.parts[name] = {"status": "SKIP", "why": f"{left:.0f} s left < {need_s:.0f} s needed"}
+        res.rows.append(
+            row(name, verdict="SKIP", note=f"time budget: {left:.0f} s left, needs ~{need_s:.0f}")
+        )
+        res.write()
+        return None
+    res.current = name
+    cuda = res.plan.device == "cuda"
+    if cuda:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.monotonic()
+    print(f"[{res.elapsed():6.1f} s] {name} ...", file=sys.stderr, flush=True)
+    try:
+        part: Part = fn()
+        res.parts[name] = {"status": "OK", **part.data}
+        res.rows.extend(part.rows)
+        return part.value
+    except Exception as exc:
+        import traceback
+
+        res.parts[name] = {
+            "status": "FAIL",
+            "error": f"{type(exc).__name__}: {exc}",
+            "trace": traceback.format_exc(),
+        }
+        res.rows.append(row(name, verdict="FAIL", note=f"{type(exc).__name__}: {str(exc)[:150]}"))
+        return None
+    finally:
+        res.parts.setdefault(name, {})["seconds"] = time.monotonic() - t0
+        if cuda:
+            import torch
+
+            peak = torch.cuda.max_memory_allocated() / 2**30
+            res.parts[name]["cuda_peak_gib"] = peak
+            res.cuda_peak_gib = max(res.cuda_peak_gib, peak)
+        res.current = ""
+        res.write()
+
+
+def start_watchdog(res: Results) -> threading.Timer:
+    """Past the budget plus grace: record the overrun, print the table, leave at once."""
+
+    def fire() -> None:
+        res.rows.append(row(res.current or "?", verdict="FAIL", note="watchdog: budget overrun, stopped"))
+        try:
+            res.write()  # the main thread may be mid-update: the table below matters more
+        except Exception as exc:
+            print(f"watchdog: JSON not written ({exc})", file=sys.stderr)
+        print(res.report(), flush=True)
+        os._exit(3)
+
+    timer = threading.Timer(max(1.0, res.plan.budget_s + res.plan.grace_s - res.elapsed()), fire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+PART_KEYS = ("bw", "build", "b", "c", "d", "greedy7b", "logits", "greedy")  # --only takes these
+
+
+def setup_seconds() -> float:
+    """Seconds since gpu_run.sh started (GPU_RUN_START, epoch seconds), else 0."""
+    t0 = os.environ.get("GPU_RUN_START", "")
+    try:
+        return max(0.0, time.time() - float(t0)) if t0 else 0.0
+    except ValueError:
+        return 0.0
+
+
+def run_all(res: Results, only: set[str]) -> None:
+    """gpu_plan.PARTS in order: bw, build 7B, (b), (c), (d), greedy 7B; then the logits comparisons
+    and the default shape's greedy check, each skipped when the budget has no room left for it."""
+    import bench.gpu.parts as g
+    from bench.gpu.plan import free_memory
+
+    p = res.plan
+
+    def part(key: str, name: str, fn: Any) -> Any:
+        if only and key not in only:
+            return None
+        return run_part(res, name, NEED_S[name] * p.scale, fn)
+
+    bw = part("bw", "copy bandwidth", lambda: g.part_env_and_bandwidth(p))
+    tb_s = bw if isinstance(bw, float) else None
+    uses_big = not only or bool(only & {"build", "greedy7b", "b", "c", "d"})
+    built = (
+        run_part(
+            res,
+            "build 7B engine",
+            NEED_S["build 7B engine"] * p.scale,
+            lambda: g.part_build(p, res.time_left),
+        )
+        if uses_big
+        else None
+    )
+    mode = "default"
+    if built is not None:
+        big, mode = built
+        try:
+            part("b", "(b) batch-1 decode", lambda: g.part_b(p, big, tb_s))
+            part("c", "(c) batch-64 decode", lambda: g.part_c(p, big, tb_s))
+            part("d", "(d) stream vs non-stream", lambda: g.part_d(p, big, "bench.gpu.check"))
+            part("greedy7b", "(a) greedy 7B", lambda: g.part_greedy(p, "7B", big, mode))
+        finally:
+            big.close()
+            del big, built
+            free_memory(p)
+    part("logits", "(a) logits 7B", lambda: g.part_logits(p, "7B", p.big_arch))
+    part("logits", "(a) logits default", lambda: g.part_logits(p, "default", p.small_arch))
+    part("greedy", "(a) greedy default", lambda: g.part_greedy(p, "default", None, mode))
+    for role in ("7B", "default"):  # ties judged against the bf16 noise the logits parts measured
+        rejudge(res.parts, res.rows, role, judged=p.device == "cuda")
+    res.write()
+
+
+# ---- the HTTP client of part (d), run as a subprocess so it never shares the server's GIL ---------
+
+
+async def stream_ratios(
+    url: str, model: str, concurrency: list[int], runs: int, max_tokens: int
+) -> list[dict[str, Any]]:
+    """Per concurrency C: batches of C requests, non-stream and stream in ABBA order; tok/s per mode
+    from `usage`; ratio = stream / non-stream (the seed issue's measurement)."""
+    from bench.lib.loadgen import run_level
+
+    out = []
+    for c in concurrency:
+        for stream in (False, True):
+            await run_level(url, model, c, c, 8, stream)  # warm-up: first-request costs stay out
+        tot = {False: [0, 0.0, 0], True: [0, 0.0, 0]}  # tokens, seconds, errors
+        for i in range(runs):
+            for stream in (False, True) if i % 2 == 0 else (True, False):
+                r = await run_level(url, model, c, c, max_tokens, stream)
+                t = tot[stream]
+                t[0], t[1], t[2] = t[0] + r.tokens, t[1] + r.wall_s, t[2] + r.errors
+        ns, s = tot[False][0] / tot[False][1], tot[True][0] / tot[True][1]
+        out.append(
+            {
+                "concurrency": c,
+                "runs": runs,
+                "max_tokens": max_tokens,
+                "nonstream_tok_s": ns,
+                "stream_tok_s": s,
+                "ratio": s / ns if ns else None,
+                "tokens": {
+                    "nonstream": tot[False][0],
+                    "stream": tot[True][0],
+                    "expected_each": runs * c * max_tokens,
+                },
+                "errors": tot[False][2] + tot[True][2],
+            }
+        )
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    default_out = (
+        Path(os.environ["OUT"]) / "gpu_check.json" if os.environ.get("OUT") else OUT / "gpu_check.json"
+    )
+    ap.add_argument("--out", type=Path, default=default_out, help="JSON results (default: %(default)s)")
+    ap.add_argument(
+        "--cpu-smoke", action="store_true", help="tiny shapes on CPU: checks the script, measures nothing"
+    )
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        help="time budget from GPU_RUN_START (default 380 on GPU: a 420 s device call; 120 smoke)",
+    )
+    ap.add_argument(
+        "--stage-tokenizer",
+        type=Path,
+        metavar="PATH",
+        help="write the default tokenizer (GGUF metadata only) and exit",
+    )
+    ap.add_argument("--only", nargs="+", choices=PART_KEYS, default=[], help="run only these parts (a rerun)")
+    ap.add_argument("--client", metavar="BASE_URL", help=argparse.SUPPRESS)  # part (d)'s subprocess
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 64], help=argparse.SUPPRESS)
+    ap.add_argument("--runs", type=int, default=3, help=argparse.SUPPRESS)
+    ap.add_argument("--max-tokens", type=int, default=128, help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.client:
+        rows = asyncio.run(
+            stream_ratios(args.client, args.model, args.concurrency, args.runs, args.max_tokens)
+        )
+        print(json.dumps(rows))
+        return 0
+    if args.stage_tokenizer:
+        from bench.gpu.plan import write_tokenizer_gguf
+
+        print(f"{args.stage_tokenizer}: {write_tokenizer_gguf(args.stage_tokenizer)} bytes")
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # one line per request otherwise
+    res = Results(args.out, make_plan(args.cpu_smoke, args.budget_s), setup_s=setup_seconds())
+    watchdog = start_watchdog(res)
+    try:
+        run_all(res, set(args.only))
+    except Exception as exc:  # outside any part (closing an engine): still print what was measured
+        res.rows.append(row("gpu_check", verdict="FAIL", note=f"{type(exc).__name__}: {str(exc)[:150]}"))
+    finally:
+        watchdog.cancel()
+    res.write()
+    print(res.report(), flush=True)
+    return 1 if any(r["verdict"] == "FAIL" for r in res.rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Helpers shared by the benchmarks: where things are, peak memory, JSON output, the closing table.
+
+Benchmarks are modules of the `bench` package, run from the repository root:
+`.venv/bin/python -m bench.serving.null_engine ...`.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+OUT = REPO / "bench" / "out"  # default place of a benchmark's JSON (git-ignored)
+TESTS_SUPPORT = REPO / "tests" / "support"
+
+
+def use_test_support() -> None:
+    """Makes tests/support's helpers importable by name (the raw HTTP client, engine hooks, the
+    attack and fuzz libraries), as pytest's pythonpath does for the tests."""
+    if str(TESTS_SUPPORT) not in sys.path:
+        sys.path.insert(0, str(TESTS_SUPPORT))
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cuda_peak_mib() -> float | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.max_memory_allocated() / 2**20
+
+
+def machine() -> dict[str, Any]:
+    import os
+
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "argv": sys.argv,
+    }
+
+
+def write_json(path: str | Path, data: dict[str, Any]) -> None:
+    """Whole or not at all: a process killed mid-write (a device call's time limit) leaves the
+    previous version, never a truncated file."""
+    import os
+    import threading
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f"{p.name}.{threading.get_ident()}.tmp")  # per thread: a watchdog writes too
+    tmp.write_text(json.dumps({"machine": machine(), **data}, indent=2))
+    os.replace(tmp, p)
+
+
+def table(rows: list[dict[str, Any]], cols: list[str]) -> str:
+    def fmt(v: Any) -> str:
+        return (
+            f"{v:.3f}"
+            if isinstance(v, float) and abs(v) < 10
+            else (f"{v:.1f}" if isinstance(v, float) else str(v))
+        )
+
+    cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+def decode_path(llm: Any) -> str:
+    """Waits for a CPU engine's background compile of the decode step, so that what follows
+    measures the step the engine keeps; "compiled" or "eager"."""
+    gr = getattr(llm.engine.core.runner, "graph_runner", None)
+    if gr is None or gr.compiled is None:
+        return "eager"
+    gr.compiled.wait()
+    return "compiled" if gr.compiled.ready else "eager"
+
+
+def hf_config_kwargs(arch: Any) -> dict[str, Any]:
+    """A rillet ModelArch as the keyword arguments of a transformers Llama-family config."""
+    return {
+        "vocab_size": arch.vocab_size,
+        "hidden_size": arch.hidden_size,
+        "intermediate_size": arch.intermediate_size,
+        "num_hidden_layers": arch.num_layers,
+        "num_attention_heads": arch.num_heads,
+        "num_key_value_heads": arch.num_kv_heads,
+        "head_dim": arch.head_dim,
+        "rms_norm_eps": arch.rms_norm_eps,
+        "rope_theta": arch.rope_theta,
+        "max_position_embeddings": arch.max_position,
+        "tie_word_embeddings": arch.tie_word_embeddings,
+    }

@@ -1,0 +1,1 @@
+"""Benchmarks of the serving stack: the HTTP server with the null engine or the real model."""

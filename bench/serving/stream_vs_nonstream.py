@@ -1,0 +1,272 @@
+"""Does streaming cost throughput? The seed issue's measurement, with the official `openai` client.
+
+For each concurrency C, batches of C simultaneous chat requests (greedy, `--max-tokens` tokens,
+ignore_eos so every request makes exactly that many) alternate between non-streaming and
+streaming in ABBA order, so drift (thermal, other load) hits both alike. Tokens are counted from `usage`
+(streams ask for it with stream_options.include_usage). The ratio is streaming tok/s over
+non-streaming tok/s; 1.0 means streaming is free.
+
+    python bench/stream_vs_nonstream.py                      # starts `rillet serve` on the default model
+    python bench/stream_vs_nonstream.py --set model.kind=synthetic --set model.synthetic_step_ms=5
+    python bench/stream_vs_nonstream.py --base-url http://127.0.0.1:8000/v1 --model NAME
+
+Prints a table last and writes JSON (with the server's peak RSS when this script started it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import resource
+import statistics
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from bench.lib.common import table, write_json
+from bench.lib.server_proc import RilletServer
+
+PROMPT = "What is the meaning of life?"
+
+
+@dataclass
+class Batch:
+    wall_s: float
+    tokens: int
+    chunks: int = 0
+    ttft_s: list[float] = field(default_factory=list)
+    client_cpu_s: float = 0.0  # CPU time this client process spent on the batch
+    server_cpu_s: float | None = None  # the started server's CPU time over the batch
+    loop_cpu_s: float | None = None  # ... of which its event loop thread (HTTP, SSE, routing)
+
+
+def client_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def process_cpu(pid: int | None, task: int | None = None) -> float | None:
+    """CPU seconds of a process, or of one of its threads (`task`: a thread id)."""
+    if pid is None:
+        return None
+    path = f"/proc/{pid}/stat" if task is None else f"/proc/{pid}/task/{task}/stat"
+    try:
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _delta(a: float | None, b: float | None) -> float | None:
+    return b - a if a is not None and b is not None else None
+
+
+def one_request(client: openai.OpenAI, model: str, stream: bool, max_tokens: int) -> tuple[int, int, float]:
+    """(completion tokens, chunks, seconds to first content chunk or to the answer)."""
+    t0 = time.perf_counter()
+    common: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "extra_body": {"ignore_eos": True},
+    }
+    if not stream:
+        answer = client.chat.completions.create(**common)
+        assert answer.usage is not None
+        return answer.usage.completion_tokens, 0, time.perf_counter() - t0
+    tokens = chunks = content_chunks = 0
+    ttft = 0.0
+    for chunk in client.chat.completions.create(
+        **common, stream=True, stream_options={"include_usage": True}
+    ):
+        chunks += 1
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+        elif chunk.choices and chunk.choices[0].delta.content:
+            content_chunks += 1
+            if not ttft:
+                ttft = time.perf_counter() - t0
+    # A server without include_usage support (llama-cpp-python): count content chunks, as the
+    # seed issue's script did (one token per chunk there).
+    return tokens or content_chunks, chunks, ttft
+
+
+def run_batch(
+    clients: list[openai.OpenAI], model: str, stream: bool, max_tokens: int, server_pid: int | None = None
+) -> Batch:
+    results: list[tuple[int, int, float]] = [(0, 0, 0.0)] * len(clients)
+    start = threading.Barrier(len(clients) + 1)
+
+    def work(i: int) -> None:
+        start.wait()
+        results[i] = one_request(clients[i], model, stream, max_tokens)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(clients))]
+    for t in threads:
+        t.start()
+    # `rillet serve` runs its event loop on the main thread: thread id == process id.
+    c0, s0, l0 = client_cpu(), process_cpu(server_pid), process_cpu(server_pid, server_pid)
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    c1, s1, l1 = client_cpu(), process_cpu(server_pid), process_cpu(server_pid, server_pid)
+    tokens, chunks = sum(r[0] for r in results), sum(r[1] for r in results)
+    return Batch(wall, tokens, chunks, [r[2] for r in results], c1 - c0, _delta(s0, s1), _delta(l0, l1))
+
+
+def measure(
+    base_url: str,
+    model: str,
+    api_key: str,
+    concurrency: int,
+    runs: int,
+    max_tokens: int,
+    server_pid: int | None = None,
+) -> dict[str, Any]:
+    clients = [
+        openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=600)
+        for _ in range(concurrency)
+    ]
+    run_batch(clients, model, False, 8)  # warm-up: first-request costs stay out of the numbers
+    run_batch(clients, model, True, 8)
+    plain: list[Batch] = []
+    streamed: list[Batch] = []
+    for i in range(runs):  # ABBA order: neither mode always goes first (prefix cache, drift)
+        for stream in (False, True) if i % 2 == 0 else (True, False):
+            batch = run_batch(clients, model, stream, max_tokens, server_pid)
+            (streamed if stream else plain).append(batch)
+    p_rate = sum(b.tokens for b in plain) / sum(b.wall_s for b in plain)
+    s_rate = sum(b.tokens for b in streamed) / sum(b.wall_s for b in streamed)
+    ttfts = [t for b in streamed for t in b.ttft_s]
+    # Batch i of each mode ran back to back (ABBA), so their ratio cancels slow drift of the
+    # machine's speed, which on a shared 2-core VM is ~10 % from one batch to the next.
+    pairs = [(s.tokens / s.wall_s) / (p.tokens / p.wall_s) for p, s in zip(plain, streamed, strict=True)]
+
+    def cpu_ms_per_token(batches: list[Batch], side: str) -> float | None:
+        values = [getattr(b, side) for b in batches]
+        if any(v is None for v in values):
+            return None
+        return 1000 * sum(values) / max(1, sum(b.tokens for b in batches))
+
+    return {
+        "concurrency": concurrency,
+        "runs": runs,
+        "max_tokens": max_tokens,
+        "nonstream_tok_s": p_rate,
+        "stream_tok_s": s_rate,
+        "ratio": s_rate / p_rate,
+        "pair_ratios": pairs,
+        "median_pair_ratio": statistics.median(pairs),
+        "stream_chunks_per_token": sum(b.chunks for b in streamed) / max(1, sum(b.tokens for b in streamed)),
+        "stream_mean_ttft_s": sum(ttfts) / len(ttfts),
+        "client_cpu_ms_per_token": {
+            "nonstream": cpu_ms_per_token(plain, "client_cpu_s"),
+            "stream": cpu_ms_per_token(streamed, "client_cpu_s"),
+        },
+        "server_cpu_ms_per_token": {
+            "nonstream": cpu_ms_per_token(plain, "server_cpu_s"),
+            "stream": cpu_ms_per_token(streamed, "server_cpu_s"),
+        },
+        "server_loop_cpu_ms_per_token": {
+            "nonstream": cpu_ms_per_token(plain, "loop_cpu_s"),
+            "stream": cpu_ms_per_token(streamed, "loop_cpu_s"),
+        },
+        "batches": {"nonstream": [asdict(b) for b in plain], "stream": [asdict(b) for b in streamed]},
+    }
+
+
+def _pair(d: dict[str, float | None], digits: int = 2) -> str:
+    if d["nonstream"] is None or d["stream"] is None:
+        return "-"
+    return f"{d['nonstream']:.{digits}f} | {d['stream']:.{digits}f}"
+
+
+def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {
+            "concurrency": r["concurrency"],
+            "non-stream tok/s": r["nonstream_tok_s"],
+            "stream tok/s": r["stream_tok_s"],
+            "ratio": r["ratio"],
+            "pair ratios median [min, max]": "{:.3f} [{:.3f}, {:.3f}]".format(
+                r["median_pair_ratio"], min(r["pair_ratios"]), max(r["pair_ratios"])
+            ),
+            "stream TTFT ms": r["stream_mean_ttft_s"] * 1000,
+            "client CPU ms/tok N|S": _pair(r["client_cpu_ms_per_token"]),
+            "server CPU ms/tok N|S": _pair(r["server_cpu_ms_per_token"]),
+            "of which loop N|S": _pair(r["server_loop_cpu_ms_per_token"], 3),
+        }
+        for r in rows
+    ]
+
+
+def run_levels(base_url: str, args: argparse.Namespace, server_pid: int | None) -> list[dict[str, Any]]:
+    model = args.model or openai.OpenAI(base_url=base_url, api_key=args.api_key).models.list().data[0].id
+    if args.client_idle:  # after the server started: it keeps its own policy; threads inherit this
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    rows = []
+    for c in args.concurrency:
+        print(f"concurrency {c} ...", file=sys.stderr)
+        row = measure(base_url, model, args.api_key, c, args.runs, args.max_tokens, server_pid)
+        rows.append({"model": model, **row})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base-url", help="an already running server (…/v1); default: start `rillet serve`")
+    ap.add_argument("--model", help="model name (default: the one the started server serves)")
+    ap.add_argument("--api-key", default="unused")
+    ap.add_argument(
+        "--set", dest="sets", action="append", default=[], help="config override for the started server"
+    )
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--runs", type=int, default=3, help="batches per mode and concurrency")
+    ap.add_argument("--max-tokens", type=int, default=200)
+    ap.add_argument("--out", default="bench/out/stream_vs_nonstream.json")
+    ap.add_argument(
+        "--client-idle",
+        action="store_true",
+        help="run this client under SCHED_IDLE (Linux; after starting the server): it then only gets "
+        "CPU the server leaves idle, as a client on another machine would take none",
+    )
+    args = ap.parse_args()
+
+    with contextlib.ExitStack() as stack:
+        server = None
+        base_url = args.base_url
+        if base_url is None:
+            print("starting rillet serve ...", file=sys.stderr)
+            server = stack.enter_context(RilletServer(args.sets))
+            base_url = server.base_url
+        pid = server.proc.pid if server and server.proc else None
+        rows = run_levels(base_url, args, pid)
+        rss = server.peak_rss_mib() if server else None
+    result = {
+        "base_url": base_url,
+        "model": rows[0]["model"],
+        "server_sets": args.sets,
+        "client_idle": args.client_idle,
+        "server_peak_rss_mib": rss,
+    }
+    write_json(args.out, {**result, "rows": rows})
+    model = result["model"]
+    print(f"model {model}; {args.max_tokens} tokens per request, greedy, ignore_eos; JSON: {args.out}")
+    if rss is not None:
+        print(f"server peak RSS: {rss:.0f} MiB")
+    cols = ["concurrency", "non-stream tok/s", "stream tok/s", "ratio", "pair ratios median [min, max]"]
+    cols += ["stream TTFT ms", "client CPU ms/tok N|S", "server CPU ms/tok N|S", "of which loop N|S"]
+    print(table(summary_rows(rows), cols))
+
+
+if __name__ == "__main__":
+    main()

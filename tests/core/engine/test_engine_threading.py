@@ -1,0 +1,93 @@
+"""The engine thread: requests added and aborted from other threads while it runs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from engine_hooks import hold_steps
+from rillet.core.config import config_from_dict
+from rillet.core.engine.engine import Engine
+from rillet.core.errors import QueueFullError
+from rillet.core.llm import LLM
+from rillet.core.sampling_params import SamplingParams
+from rillet.core.sequence import FinishReason
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    c = config_from_dict({"model": {"dtype": "float32", "device": "cpu"}, "cache": {"num_blocks": 256}})
+    with LLM(c) as m:
+        yield m
+
+
+def test_abort_from_another_thread_frees_blocks_within_one_step(llm: LLM) -> None:
+    eng = llm.engine
+    ids = llm.tokenizer.encode("Tell me a very long story about a dragon.")
+    aborted = threading.Event()
+    # The abort arrives while the engine is inside a step (held there until the abort is in, so
+    # how many steps it would otherwise run meanwhile on this machine does not matter).
+    mid_generation = lambda batch: eng.core.generated_tokens >= 3  # noqa: E731
+    with hold_steps(eng, until=lambda batch: aborted.is_set(), when=mid_generation) as holding:
+        eng.add_request("long", ids, SamplingParams(max_tokens=500, temperature=0.0, ignore_eos=True))
+        assert holding.wait(60)
+        assert eng.stats().kv_blocks_used > 0
+        step_at_abort = eng.core.steps  # the step in progress
+        t = threading.Thread(target=eng.abort, args=("long",))
+        t.start()
+        t.join()
+        aborted.set()
+        assert eng.wait_idle(30)
+    assert eng.stats().kv_blocks_used == 0
+    assert eng.core.steps == step_at_abort  # freed once the step in progress ended: no step more
+    # the final delta says ABORT
+    finals = [d for s in eng.ring.pop_all() for d in s.deltas if d.finish_reason is not None]
+    assert any(d.request_id == "long" and d.finish_reason is FinishReason.ABORT for d in finals)
+    eng.core.blocks.check_integrity()
+
+
+def test_requests_added_from_many_threads_all_finish(llm: LLM) -> None:
+    eng = llm.engine
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    ids = llm.tokenizer.encode("Count with me:")
+
+    def producer(t: int) -> None:
+        for i in range(3):
+            eng.add_request(f"t{t}-{i}", ids, params)
+
+    threads = [threading.Thread(target=producer, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    finished: dict[str, int] = {}
+    deadline = time.monotonic() + 60
+    while len(finished) < 12 and time.monotonic() < deadline:
+        for step in eng.ring.pop_all():
+            for d in step.deltas:
+                if d.finish_reason is not None:
+                    finished[d.request_id] = d.completion_tokens
+        time.sleep(0.005)
+    assert finished == {f"t{t}-{i}": 4 for t in range(4) for i in range(3)}
+    assert eng.wait_idle(5) and eng.stats().kv_blocks_used == 0
+
+
+def test_bad_requests_are_rejected_up_front(llm: LLM) -> None:
+    eng = llm.engine
+    with pytest.raises(ValueError, match="prompt"):
+        eng.add_request("empty", [], SamplingParams())
+    with pytest.raises(ValueError, match="context length"):
+        eng.add_request("huge", [1] * 10, SamplingParams(max_tokens=eng.max_model_len))
+
+
+def test_queue_full_raises() -> None:
+    c = config_from_dict(
+        {"model": {"kind": "synthetic", "synthetic_step_ms": 50.0}, "scheduler": {"max_waiting": 2}}
+    )
+    eng = Engine(c)  # not started: nothing leaves the inbox
+    p = SamplingParams(max_tokens=2)
+    eng.add_request("a", [5, 6], p)
+    eng.add_request("b", [5, 6], p)
+    with pytest.raises(QueueFullError):
+        eng.add_request("c", [5, 6], p)

@@ -1,0 +1,111 @@
+"""Weight-only int4 for CPU decode: lossless on Q4_1-style groups, an exact-top-k int8 head, config checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rillet.core.config import ConfigError, config_from_dict
+from rillet.core.llm import LLM
+from rillet.core.quant.int4 import GROUP, Int4Weight, Int8Weight, int4_supported, lin
+from rillet.core.quant.select import resolve_dtype
+from rillet.core.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.skipif(not int4_supported(), reason="no CPU int4 kernel in this torch")
+
+
+def q4_1_like(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Weights as a Q4_1 file stores them: per 32-group, x = q * d + min with q = 0 and 15 present."""
+    g = torch.Generator().manual_seed(seed)
+    d = (torch.rand(n, k // GROUP, 1, generator=g) * 0.01 + 0.001).bfloat16().float()
+    lo = (torch.randn(n, k // GROUP, 1, generator=g) * 0.05).bfloat16().float()
+    q = torch.randint(0, 16, (n, k // GROUP, GROUP), generator=g).float()
+    q[..., 0], q[..., 1] = 0, 15
+    return (q * d + lo).reshape(n, k)
+
+
+def test_int4_is_lossless_on_q4_1_groups() -> None:
+    w = q4_1_like(96, 128)
+    x = torch.randn(3, 128).bfloat16()
+    want = x.float() @ w.t()
+    got = Int4Weight(w)(x).float()
+    # only bf16 activations/accumulation separate them; a wrong code would be off by d * |x|
+    assert torch.allclose(got, want, atol=2e-2, rtol=2e-2)
+
+
+def test_int8_head_is_within_a_quarter_step_per_weight() -> None:
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(256, 64, generator=g) * 0.05
+    x = torch.randn(2, 64, generator=g).bfloat16()
+    head = Int8Weight(w)
+    want = x.float() @ w.t()
+    step = w.abs().amax(1) / 127  # [N]: one int8 step per row
+    bound = (0.5 * step[None, :] + 0.01 * w.abs().amax(1)[None, :]) * x.float().abs().sum(1, keepdim=True)
+    assert ((head(x).float() - want).abs() <= bound + 2e-2).all()
+    assert torch.allclose(lin(x, head).float(), head(x).float())
+
+
+def test_lin_dispatches_and_adds_bias() -> None:
+    w = q4_1_like(64, 64, seed=1)
+    b = torch.randn(64).bfloat16()
+    x = torch.randn(2, 64).bfloat16()
+    assert torch.allclose(
+        lin(x, Int4Weight(w), b).float(), (x.float() @ w.t() + b.float()), atol=2e-2, rtol=2e-2
+    )
+    assert torch.equal(lin(x.float(), w), x.float() @ w.t())
+
+
+def test_rejects_input_dim_not_multiple_of_group() -> None:
+    with pytest.raises(ValueError, match="multiple of 32"):
+        Int4Weight(torch.randn(8, 40))
+
+
+def test_config_checks_name_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"model\.dtype"):
+        resolve_dtype("float16", torch.device("cpu"), "int4")
+    with pytest.raises(ConfigError, match=r"model\.quantization"):
+        resolve_dtype("auto", torch.device("cuda"), "int4")
+    # int4 weights in a float32 model by default: only the matmul operands are bf16
+    assert resolve_dtype("auto", torch.device("cpu"), "int4") == torch.float32
+    assert resolve_dtype("bfloat16", torch.device("cpu"), "int4") == torch.bfloat16
+
+
+def q8_0_like(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Weights as Q8_0 stores them: per 32-group, x = c * d, c in [-127, 127], |c| = 127 present."""
+    g = torch.Generator().manual_seed(seed)
+    d = (torch.rand(n, k // GROUP, 1, generator=g) * 0.001 + 1e-4).half().float()
+    c = torch.randint(-127, 128, (n, k // GROUP, GROUP), generator=g).float()
+    c[..., 0] = 127
+    return (c * d).reshape(n, k)
+
+
+def test_int8_head_refines_its_top_logits_to_float32() -> None:
+    w = q8_0_like(512, 96)
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(5))
+    head = Int8Weight(w)
+    approx = head(x).float()
+    got = head.refine(x, approx, k=8)
+    exact = x.double() @ w.double().t()  # [3, 512]
+    top = approx.topk(8, dim=-1).indices
+    # the refined candidates are the float32 logits of the Q8_0 weights, the rest are untouched
+    torch.testing.assert_close(got.gather(1, top).double(), exact.gather(1, top), rtol=1e-6, atol=1e-6)
+    rest = torch.ones_like(got, dtype=torch.bool).scatter(1, top, False)
+    assert torch.equal(got[rest], approx[rest])
+    assert torch.equal(got.argmax(-1), exact.argmax(-1))
+
+
+def test_float32_activations_round_only_the_operands() -> None:
+    w = q4_1_like(64, 64, seed=2)
+    b = torch.randn(64)
+    x = torch.randn(2, 64)
+    y = lin(x, Int4Weight(w), b)
+    assert y.dtype == torch.float32  # bf16 matmul output widened by the fp32 bias add
+    want = x.bfloat16().float() @ w.t() + b
+    torch.testing.assert_close(y, want, atol=2e-2, rtol=2e-2)
+
+
+def test_default_model_int4_answers_like_full_precision() -> None:
+    cfg = config_from_dict({"model": {"quantization": "int4"}, "cache": {"num_blocks": 64}})
+    with LLM(cfg) as llm:
+        out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=3, temperature=0.0))
+        assert out[0].outputs[0].text.strip().startswith("Paris")
+        llm.engine.core.blocks.check_integrity()

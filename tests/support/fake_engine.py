@@ -1,0 +1,306 @@
+"""A test double of `rillet.core.engine.Engine`: same API, a thread that emits deterministic tokens.
+
+Tokens are bytes (id = byte value, 256 = EOS): greedy output cycles through `TEXT` from an offset
+set by the prompt length; a seed shifts that offset, so seeded sampling is reproducible and
+different seeds differ. KV blocks are counted like the real pool (ceil(tokens / block_size) per
+running sequence), so tests can check that aborted requests give their blocks back.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from rillet.core.config import RilletConfig
+from rillet.core.errors import EngineDeadError, ErrorKind, QueueFullError, RequestError
+from rillet.core.outputs import SeqDelta, StepOutput
+from rillet.core.ring import RingClosed, SpscRing
+from rillet.core.sampling_params import SamplingParams
+from rillet.core.sequence import FinishReason, TokenLogprob
+
+TEXT = b"The quick brown fox jumps over the lazy dog. "
+EOS = 256
+FAIL_MARKER = "__fail__"  # a prompt holding this ends with FinishReason.ERROR after 3 tokens
+BOOM_MARKER = "__boom__"  # a chat message holding this makes the chat template raise RuntimeError
+
+
+class FakeTokenizer:
+    eos_token_ids = (EOS,)
+    vocab_size = 257
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", "replace")
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        if any(BOOM_MARKER in m["content"] for m in messages):
+            raise RuntimeError("template exploded")
+        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+    def id_to_token(self, token_id: int) -> str:
+        return "<eos>" if token_id == EOS else chr(token_id)
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        return None if token_id >= 256 else bytes([token_id])
+
+
+@dataclass(frozen=True)
+class FakeStats:
+    running: int
+    waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    steps: int
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    generated_tokens: int
+    cached_blocks: int
+    busy_seconds: float = 0.0
+    handoff_timeouts: int = 0
+    device_wait_seconds: float = 0.0
+
+
+@dataclass
+class _Seq:
+    request_id: str
+    index: int
+    prompt_len: int
+    params: SamplingParams
+    deadline: float | None
+    offset: int
+    fail_after: int | None = None
+    out: list[int] = field(default_factory=list)
+    text: str = ""
+    emitted: int = 0  # chars of `text` already published
+
+
+class FakeEngine:
+    def __init__(
+        self, cfg: RilletConfig, step_ms: float = 2.0, max_model_len: int = 1024, num_blocks: int = 4096
+    ) -> None:
+        self.cfg = cfg
+        self.tokenizer = FakeTokenizer()
+        self.model_name = "fake-model"
+        self.max_model_len = max_model_len
+        self.step_s = step_ms / 1000.0
+        self.ring: SpscRing[StepOutput] = SpscRing(cfg.stream.ring_capacity)
+        self.block_size = cfg.cache.block_size
+        self.num_blocks = num_blocks
+        self.error: str | None = None
+        self.crash_next_step = False  # tests: kill the engine thread
+        self.reply: bytes | None = None  # tests: every sequence answers this, one byte a token, then EOS
+        self.steps_allowed = threading.Event()  # tests: clear it to hold the engine before its next step
+        self.steps_allowed.set()
+        self.fail_request_ids: set[str] = set()  # tests: these requests end with FinishReason.ERROR
+        self._dead = False
+        self._stop = False
+        self._inbox: deque[tuple[str, Any]] = deque()
+        self._wake = threading.Event()
+        self._waiting: list[list[_Seq]] = []
+        self._running: dict[str, list[_Seq]] = {}
+        self._pending_adds = 0
+        self._thread: threading.Thread | None = None
+        self.steps = 0
+        self.generated = 0
+        self.prompt_tokens = 0
+
+    @property
+    def healthy(self) -> bool:
+        return not self._dead
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="fake-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self.steps_allowed.set()
+        self.ring.close()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        n: int = 1,
+        deadline: float | None = None,
+    ) -> None:
+        if self._dead:
+            raise EngineDeadError(self.error or "dead")
+        if not prompt_ids:
+            raise RequestError("prompt", "must contain at least one token")
+        if len(prompt_ids) + params.max_tokens > self.max_model_len:
+            raise RequestError("prompt", "too long")
+        if len(self._waiting) + self._pending_adds >= self.cfg.scheduler.max_waiting:
+            raise QueueFullError(f"waiting queue is full ({self.cfg.scheduler.max_waiting})")
+        seqs = []
+        for i in range(n):
+            seed = None if params.seed is None else params.seed + i
+            if params.greedy:
+                offset = len(prompt_ids)
+            else:
+                offset = (
+                    random.Random(seed).randrange(len(TEXT)) if seed is not None else random.randrange(99)
+                )
+            fail = 3 if FAIL_MARKER.encode() in bytes(t for t in prompt_ids if t < 256) else None
+            seqs.append(_Seq(request_id, i, len(prompt_ids), params, deadline, offset, fail))
+        self._pending_adds += 1
+        self._inbox.append(("add", seqs))
+        self._wake.set()
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.append(("abort", request_id))
+        self._wake.set()
+
+    def stats(self) -> FakeStats:
+        used = sum(self._blocks(s) for g in list(self._running.values()) for s in g if s.emitted >= 0)
+        return FakeStats(
+            running=sum(len(g) for g in list(self._running.values())),
+            waiting=len(self._waiting) + self._pending_adds,
+            kv_blocks_used=used,
+            kv_blocks_total=self.num_blocks,
+            steps=self.steps,
+            prompt_tokens=self.prompt_tokens,
+            cached_prompt_tokens=0,
+            generated_tokens=self.generated,
+            cached_blocks=0,
+        )
+
+    def _blocks(self, s: _Seq) -> int:
+        return -(-(s.prompt_len + len(s.out)) // self.block_size)
+
+    # ---- engine thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stop:
+                deltas = self._drain()
+                if not self._running and not self._waiting and not deltas:
+                    self._wake.wait(0.05)
+                    self._wake.clear()
+                    continue
+                if self.crash_next_step:
+                    raise RuntimeError("injected engine crash")
+                self._admit()
+                if self._running:
+                    self.steps_allowed.wait()
+                    self.steps += 1
+                    time.sleep(self.step_s)
+                    deltas += self._step()
+                if deltas:
+                    self.ring.push(StepOutput(self.steps, deltas))
+        except RingClosed:
+            pass
+        except BaseException as exc:
+            self.error = f"engine thread died: {exc}"
+            self._dead = True
+
+    def _drain(self) -> list[SeqDelta]:
+        deltas: list[SeqDelta] = []
+        while self._inbox:
+            kind, item = self._inbox.popleft()
+            if kind == "add":
+                self._waiting.append(item)
+                self._pending_adds -= 1
+            else:
+                deltas += self._end(item, FinishReason.ABORT, None)
+        return deltas
+
+    def _admit(self) -> None:
+        limit = self.cfg.scheduler.max_num_seqs
+        while self._waiting and sum(len(g) for g in self._running.values()) + len(self._waiting[0]) <= limit:
+            group = self._waiting.pop(0)
+            self._running[group[0].request_id] = group
+            self.prompt_tokens += group[0].prompt_len
+
+    def _end(
+        self, request_id: str, reason: FinishReason, error: str | None, kind: ErrorKind | None = None
+    ) -> list[SeqDelta]:
+        group = self._running.pop(request_id, None)
+        if group is None:
+            for g in self._waiting:
+                if g[0].request_id == request_id:
+                    self._waiting.remove(g)
+                    group = g
+                    break
+        return [self._delta(s, [], "", None, reason, error, kind) for s in group or [] if s.emitted >= 0]
+
+    def _step(self) -> list[SeqDelta]:
+        deltas: list[SeqDelta] = []
+        now = time.monotonic()
+        for rid, group in list(self._running.items()):
+            if rid in self.fail_request_ids or len(group[0].out) == group[0].fail_after:
+                deltas += self._end(rid, FinishReason.ERROR, "injected fault", ErrorKind.MODEL)
+                continue
+            if group[0].deadline is not None and now > group[0].deadline:
+                deltas += self._end(rid, FinishReason.ERROR, "request deadline exceeded", ErrorKind.DEADLINE)
+                continue
+            live = [s for s in group if s.emitted >= 0]
+            for s in live:
+                deltas.append(self._next(s))
+            if all(s.emitted < 0 for s in group):
+                del self._running[rid]
+        return deltas
+
+    def _next(self, s: _Seq) -> SeqDelta:
+        p = s.params
+        if self.reply is not None:
+            return self._scripted(s, self.reply)
+        tok = TEXT[(s.offset + len(s.out)) % len(TEXT)]
+        s.out.append(tok)
+        self.generated += 1
+        s.text += chr(tok)
+        reason = None
+        cut = len(s.text)
+        stops = [(s.text.find(x, max(0, s.emitted - len(x))), x) for x in p.stop]
+        hits = [(i, x) for i, x in stops if i >= 0]
+        if hits and len(s.out) >= p.min_tokens:
+            i, x = min(hits)
+            cut, reason = (i + len(x) if p.include_stop_str_in_output else i), FinishReason.STOP
+        elif tok in p.stop_token_ids and len(s.out) >= p.min_tokens:
+            reason = FinishReason.STOP
+        elif len(s.out) >= p.max_tokens:
+            reason = FinishReason.LENGTH
+        else:  # hold back a tail that may still become a stop string
+            hold = max((k for x in p.stop for k in range(1, len(x)) if s.text.endswith(x[:k])), default=0)
+            cut = len(s.text) - hold
+        text = s.text[s.emitted : max(cut, s.emitted)]
+        s.emitted = -1 if reason is not None else max(cut, s.emitted)
+        lps = None
+        if p.logprobs is not None:
+            top = [(tok, -0.25), *((t, -2.0 - j) for j, t in enumerate(b"xyz"))][: p.logprobs]
+            lps = [TokenLogprob(tok, -0.25, top)]
+        return self._delta(s, [tok], text, lps, reason, None)
+
+    def _scripted(self, s: _Seq, reply: bytes) -> SeqDelta:
+        done = len(s.out) >= len(reply)
+        tok = EOS if done else reply[len(s.out)]
+        s.out.append(tok)
+        self.generated += 1
+        if done:
+            s.emitted = -1
+            return self._delta(s, [tok], "", None, FinishReason.STOP, None)
+        return self._delta(s, [tok], chr(tok), None, None, None)
+
+    def _delta(
+        self,
+        s: _Seq,
+        ids: list[int],
+        text: str,
+        lps: list[TokenLogprob] | None,
+        reason: FinishReason | None,
+        error: str | None,
+        kind: ErrorKind | None = None,
+    ) -> SeqDelta:
+        return SeqDelta(
+            s.request_id, s.index, ids, text, lps, reason, s.prompt_len, 0, len(s.out), error, kind
+        )
