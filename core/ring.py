@@ -51,6 +51,7 @@ class SpscRing(Generic[T]):
         self.wakeups = 0  # notifications sent (a counter for tests and metrics)
         self.full_waits = 0  # times the producer found the ring full
         self.release_timeouts = 0  # wait_released calls that gave up (the consumer lagged)
+        self.release_wait_s = 0.0  # time spent blocked in wait_released (the engine's hand-off wait)
 
     @property
     def capacity(self) -> int:
@@ -111,7 +112,8 @@ class SpscRing(Generic[T]):
         target = self._head
         if not self._releases or self._released >= target:
             return True
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
         event = self._release_event
         while True:
             event.clear()
@@ -124,6 +126,7 @@ class SpscRing(Generic[T]):
                 break
             event.wait(left)  # a stale set() from an earlier wait only costs one more turn
         self._release_waiting = False
+        self.release_wait_s += time.monotonic() - start
         return self._released >= target
 
     # ---- consumer side ----------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Literal
 
 from rillet.core.config import RilletConfig
 from rillet.http.engine_api import EngineLike, vocab_size
-from rillet.http.metrics.registry import Metrics, Sample, engine_samples
+from rillet.http.metrics.registry import Metrics, Sample, dispatch_samples, engine_samples
 from rillet.http.net.auth import ApiKeys
 from rillet.http.net.conn_limits import ConnLimits
 from rillet.http.openai.errors import unavailable
@@ -73,10 +73,7 @@ class ServerState:
         )
         disp.attach(asyncio.get_running_loop())
         self.dispatcher = disp
-        self._tasks = [
-            asyncio.create_task(disp.run(), name="rillet-dispatcher"),
-            asyncio.create_task(self._watch(disp, engine), name="rillet-engine-watch"),
-        ]
+        self._tasks = [asyncio.create_task(self._watch(disp, engine), name="rillet-engine-watch")]
         self.phase = "ready"
 
     async def detach(self) -> None:
@@ -117,4 +114,5 @@ class ServerState:
         engine, disp = self.engine, self.dispatcher
         if engine is None or disp is None:
             return []
-        return engine_samples(engine.stats(), engine.ring.wakeups, disp.active)
+        samples = engine_samples(engine.stats(), engine.ring.wakeups, disp.active)
+        return samples + dispatch_samples(disp.tokens_routed, disp.cpu_seconds)

@@ -26,6 +26,27 @@ def use_test_support() -> None:
         sys.path.insert(0, str(TESTS_SUPPORT))
 
 
+def process_cpu(pid: int | None, task: int | None = None) -> float | None:
+    """CPU seconds of a process, or of one of its threads (`task`: a thread id), from /proc: the
+    scheduler's nanosecond count of a thread (schedstat), else the 10 ms ticks of stat.
+    `rillet serve` runs its event loop on its main thread: `process_cpu(pid, pid)` is the loop's."""
+    if pid is None:
+        return None
+    import os
+
+    if task is not None:
+        try:
+            return int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            pass
+    path = f"/proc/{pid}/stat" if task is None else f"/proc/{pid}/task/{task}/stat"
+    try:
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def peak_rss_mib() -> float:
     """Peak resident set size of this process (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

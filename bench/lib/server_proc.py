@@ -18,7 +18,18 @@ def free_port() -> int:
 
 
 class RilletServer:
-    def __init__(self, overrides: list[str], port: int | None = None, log_path: str | None = None) -> None:
+    def __init__(
+        self,
+        overrides: list[str],
+        port: int | None = None,
+        log_path: str | None = None,
+        cpus: set[int] | None = None,
+        python: str | None = None,
+    ) -> None:
+        """`cpus`: pin the server (every thread it starts) to these cores; `python`: the
+        interpreter whose rillet to serve (another checkout's venv, for a before/after)."""
+        self.cpus = cpus
+        self.python = python or sys.executable
         self.port = port or free_port()
         self.overrides = overrides
         self.log_path = log_path or f"bench/out/server-{self.port}.log"
@@ -31,13 +42,19 @@ class RilletServer:
 
     def __enter__(self) -> RilletServer:
         Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
-        args = [sys.executable, "-m", "rillet.http.cli", "serve", "--port", str(self.port)]
+        args = [self.python, "-m", "rillet.http.cli", "serve", "--port", str(self.port)]
         for o in self.overrides:
             args += ["--set", o]
         log = open(self.log_path, "wb")
         # cwd must not be the repo root: `python -m` puts the cwd first on sys.path.
+        cpus = self.cpus
+
+        def pin() -> None:  # in the child, before exec: every thread it starts inherits it
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+
         self.proc = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, cwd="/", env=dict(os.environ)
+            args, stdout=log, stderr=subprocess.STDOUT, cwd="/", env=dict(os.environ), preexec_fn=pin
         )
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:

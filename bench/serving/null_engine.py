@@ -7,8 +7,8 @@ i.e. steps/s x active streams).
 If the front end falls behind, the engine's ring fills or delivery lags the engine, and the ratio
 drops below 1.
 
-    .venv/bin/python bench/null_engine.py [--step-ms 5] [--streams 1 64 256] [--tokens 400] [--repeats 3]
-        [--async --overlap off on] [--prompt-words 0]
+    .venv/bin/python -m bench.serving.null_engine [--step-ms 5] [--streams 1 64 256] [--tokens 400]
+        [--repeats 3] [--async --overlap off on] [--prompt-words 0]
 
 `--async` runs the asynchronous null engine (a launch returns at once, tokens ready step-ms later
 on a simulated device timeline, like a GPU); `--overlap off on` runs one server per engine.overlap
@@ -34,7 +34,7 @@ import threading
 import time
 from typing import Any
 
-from bench.lib.common import peak_rss_mib, table, write_json
+from bench.lib.common import peak_rss_mib, process_cpu, table, write_json
 from bench.lib.loadgen import run_level
 from bench.lib.server_proc import RilletServer
 
@@ -104,9 +104,12 @@ class Poller:
 def level(srv: RilletServer, streams: int, tokens: int, stream: bool, prompt: str) -> dict[str, Any]:
     start: list[tuple[float, float, float, float]] = []
     poller = Poller(srv)
+    pid = srv.proc.pid if srv.proc is not None else None
+    loop0: list[float | None] = []
 
     def on_start() -> None:  # after the warm-up requests
         start.append(counters(srv))
+        loop0.append(process_cpu(pid, pid))
         poller.start()
 
     try:
@@ -126,8 +129,10 @@ def level(srv: RilletServer, streams: int, tokens: int, stream: bool, prompt: st
     finally:
         poller.stop()
     (s0, b0, k0, w0), (s1, b1, k1, w1) = start[0], counters(srv)
+    loop1 = process_cpu(pid, pid)
     mid_steps, mid_busy, mid_wait = poller.middle()
     return {
+        "loop_cpu_s": loop1 - loop0[0] if loop1 is not None and loop0[0] is not None else None,
         "tokens": res.tokens,
         "wall_s": res.wall_s,
         "engine_tokens": k1 - k0,
@@ -164,9 +169,12 @@ def aggregate(runs: list[dict[str, Any]], streams: int, stream: bool) -> dict[st
     # actually active in those steps, ramp-up included).
     engine_rate = sum(r["engine_tokens"] for r in runs) / busy if busy > 0 else 0.0
     delivered = tokens / wall if wall > 0 else 0.0
+    loop = [r["loop_cpu_s"] for r in runs]
     return {
         "streams": streams,
         "stream": stream,
+        # the event loop thread's CPU per delivered token (HTTP, routing, SSE or JSON)
+        "loop_us_per_tok": 1e6 * sum(loop) / tokens if tokens and None not in loop else None,
         "delivered_tok_s": delivered,
         "engine_tok_s": engine_rate,
         "ratio": delivered / engine_rate if engine_rate else None,
@@ -262,6 +270,7 @@ def main() -> None:
         "mid_step_ms",
         "mid_host_ms",
         "tail_ms",
+        "loop_us_per_tok",
         "stream_vs_nonstream",
         "svn_min",
         "svn_max",

@@ -6,9 +6,15 @@ streaming in ABBA order, so drift (thermal, other load) hits both alike. Tokens 
 (streams ask for it with stream_options.include_usage). The ratio is streaming tok/s over
 non-streaming tok/s; 1.0 means streaming is free.
 
-    python bench/stream_vs_nonstream.py                      # starts `rillet serve` on the default model
-    python bench/stream_vs_nonstream.py --set model.kind=synthetic --set model.synthetic_step_ms=5
-    python bench/stream_vs_nonstream.py --base-url http://127.0.0.1:8000/v1 --model NAME
+    python -m bench.serving.stream_vs_nonstream              # starts `rillet serve` on the default model
+    python -m bench.serving.stream_vs_nonstream --set model.kind=synthetic --set model.synthetic_step_ms=5
+    python -m bench.serving.stream_vs_nonstream --base-url http://127.0.0.1:8000/v1 --model NAME
+    # issue 25's method: server on core 0 with one torch thread, this client on core 1
+    python -m bench.serving.stream_vs_nonstream --server-cpus 0 --client-cpus 1 \
+        --set model.num_threads=1 --concurrency 1 8 64 --runs 8
+
+Per batch it also reads the server's /metrics (when it has them): the engine's hand-off wait per
+step (`rillet_handoff_wait_seconds` / `rillet_engine_steps`) and the dispatcher's CPU time.
 
 Prints a table last and writes JSON (with the server's peak RSS when this script started it).
 """
@@ -23,13 +29,13 @@ import statistics
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import openai
 
-from bench.lib.common import table, write_json
+from bench.lib.common import process_cpu, table, write_json
 from bench.lib.server_proc import RilletServer
 
 PROMPT = "What is the meaning of life?"
@@ -44,6 +50,9 @@ class Batch:
     client_cpu_s: float = 0.0  # CPU time this client process spent on the batch
     server_cpu_s: float | None = None  # the started server's CPU time over the batch
     loop_cpu_s: float | None = None  # ... of which its event loop thread (HTTP, SSE, routing)
+    engine_wait_s: float | None = None  # the engine's hand-off wait for the loop (/metrics)
+    engine_steps: float | None = None
+    dispatch_cpu_s: float | None = None  # the loop's CPU inside the dispatcher's callback (/metrics)
 
 
 def client_cpu() -> float:
@@ -51,20 +60,31 @@ def client_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def process_cpu(pid: int | None, task: int | None = None) -> float | None:
-    """CPU seconds of a process, or of one of its threads (`task`: a thread id)."""
-    if pid is None:
-        return None
-    path = f"/proc/{pid}/stat" if task is None else f"/proc/{pid}/task/{task}/stat"
-    try:
-        fields = Path(path).read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _delta(a: float | None, b: float | None) -> float | None:
     return b - a if a is not None and b is not None else None
+
+
+METRICS = (
+    "rillet_handoff_wait_seconds_total",
+    "rillet_engine_steps_total",
+    "rillet_dispatch_cpu_seconds_total",
+)
+
+
+def scrape(base_url: str) -> dict[str, float]:
+    """The server's counters of METRICS (those it has)."""
+    root = base_url.removesuffix("/").removesuffix("/v1")
+    try:
+        with urllib.request.urlopen(f"{root}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in METRICS:
+            out[name] = float(value)
+    return out
 
 
 def one_request(client: openai.OpenAI, model: str, stream: bool, max_tokens: int) -> tuple[int, int, float]:
@@ -99,7 +119,12 @@ def one_request(client: openai.OpenAI, model: str, stream: bool, max_tokens: int
 
 
 def run_batch(
-    clients: list[openai.OpenAI], model: str, stream: bool, max_tokens: int, server_pid: int | None = None
+    clients: list[openai.OpenAI],
+    model: str,
+    stream: bool,
+    max_tokens: int,
+    server_pid: int | None = None,
+    base_url: str | None = None,
 ) -> Batch:
     results: list[tuple[int, int, float]] = [(0, 0, 0.0)] * len(clients)
     start = threading.Barrier(len(clients) + 1)
@@ -112,6 +137,7 @@ def run_batch(
     for t in threads:
         t.start()
     # `rillet serve` runs its event loop on the main thread: thread id == process id.
+    m0 = scrape(base_url) if base_url else {}
     c0, s0, l0 = client_cpu(), process_cpu(server_pid), process_cpu(server_pid, server_pid)
     start.wait()
     t0 = time.perf_counter()
@@ -119,8 +145,12 @@ def run_batch(
         t.join()
     wall = time.perf_counter() - t0
     c1, s1, l1 = client_cpu(), process_cpu(server_pid), process_cpu(server_pid, server_pid)
+    m1 = scrape(base_url) if base_url else {}
     tokens, chunks = sum(r[0] for r in results), sum(r[1] for r in results)
-    return Batch(wall, tokens, chunks, [r[2] for r in results], c1 - c0, _delta(s0, s1), _delta(l0, l1))
+    wait, steps, disp = (_delta(m0.get(k), m1.get(k)) for k in METRICS)
+    batch = Batch(wall, tokens, chunks, [r[2] for r in results], c1 - c0, _delta(s0, s1), _delta(l0, l1))
+    batch.engine_wait_s, batch.engine_steps, batch.dispatch_cpu_s = wait, steps, disp
+    return batch
 
 
 def measure(
@@ -142,7 +172,7 @@ def measure(
     streamed: list[Batch] = []
     for i in range(runs):  # ABBA order: neither mode always goes first (prefix cache, drift)
         for stream in (False, True) if i % 2 == 0 else (True, False):
-            batch = run_batch(clients, model, stream, max_tokens, server_pid)
+            batch = run_batch(clients, model, stream, max_tokens, server_pid, base_url)
             (streamed if stream else plain).append(batch)
     p_rate = sum(b.tokens for b in plain) / sum(b.wall_s for b in plain)
     s_rate = sum(b.tokens for b in streamed) / sum(b.wall_s for b in streamed)
@@ -156,6 +186,14 @@ def measure(
         if any(v is None for v in values):
             return None
         return 1000 * sum(values) / max(1, sum(b.tokens for b in batches))
+
+    def wait_ms_per_step(batches: list[Batch]) -> float | None:
+        waits, steps = [b.engine_wait_s for b in batches], [b.engine_steps for b in batches]
+        if any(v is None for v in waits + steps):
+            return None
+        return (
+            1000 * sum(w for w in waits if w is not None) / max(1.0, sum(s for s in steps if s is not None))
+        )
 
     return {
         "concurrency": concurrency,
@@ -180,6 +218,14 @@ def measure(
             "nonstream": cpu_ms_per_token(plain, "loop_cpu_s"),
             "stream": cpu_ms_per_token(streamed, "loop_cpu_s"),
         },
+        "dispatch_cpu_ms_per_token": {
+            "nonstream": cpu_ms_per_token(plain, "dispatch_cpu_s"),
+            "stream": cpu_ms_per_token(streamed, "dispatch_cpu_s"),
+        },
+        "engine_wait_ms_per_step": {
+            "nonstream": wait_ms_per_step(plain),
+            "stream": wait_ms_per_step(streamed),
+        },
         "batches": {"nonstream": [asdict(b) for b in plain], "stream": [asdict(b) for b in streamed]},
     }
 
@@ -188,6 +234,12 @@ def _pair(d: dict[str, float | None], digits: int = 2) -> str:
     if d["nonstream"] is None or d["stream"] is None:
         return "-"
     return f"{d['nonstream']:.{digits}f} | {d['stream']:.{digits}f}"
+
+
+def _minus_us(d: dict[str, float | None]) -> str:
+    if d["nonstream"] is None or d["stream"] is None:
+        return "-"
+    return f"{1000 * (d['stream'] - d['nonstream']):.1f}"
 
 
 def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -204,6 +256,8 @@ def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "client CPU ms/tok N|S": _pair(r["client_cpu_ms_per_token"]),
             "server CPU ms/tok N|S": _pair(r["server_cpu_ms_per_token"]),
             "of which loop N|S": _pair(r["server_loop_cpu_ms_per_token"], 3),
+            "loop S-N us/tok": _minus_us(r["server_loop_cpu_ms_per_token"]),
+            "engine wait ms/step N|S": _pair(r["engine_wait_ms_per_step"], 3),
         }
         for r in rows
     ]
@@ -221,6 +275,10 @@ def run_levels(base_url: str, args: argparse.Namespace, server_pid: int | None) 
     return rows
 
 
+def _cpus(spec: str) -> set[int]:
+    return {int(c) for c in spec.split(",")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-url", help="an already running server (…/v1); default: start `rillet serve`")
@@ -233,6 +291,11 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="batches per mode and concurrency")
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--out", default="bench/out/stream_vs_nonstream.json")
+    ap.add_argument("--server-cpus", help="pin the started server to these cores (e.g. 0 or 0,1)")
+    ap.add_argument("--client-cpus", help="pin this client to these cores (e.g. 1)")
+    ap.add_argument(
+        "--server-python", help="the interpreter of the server to start (another checkout's venv)"
+    )
     ap.add_argument(
         "--client-idle",
         action="store_true",
@@ -240,13 +303,16 @@ def main() -> None:
         "CPU the server leaves idle, as a client on another machine would take none",
     )
     args = ap.parse_args()
+    if args.client_cpus:
+        os.sched_setaffinity(0, _cpus(args.client_cpus))
 
     with contextlib.ExitStack() as stack:
         server = None
         base_url = args.base_url
         if base_url is None:
             print("starting rillet serve ...", file=sys.stderr)
-            server = stack.enter_context(RilletServer(args.sets))
+            cpus = _cpus(args.server_cpus) if args.server_cpus else None
+            server = stack.enter_context(RilletServer(args.sets, cpus=cpus, python=args.server_python))
             base_url = server.base_url
         pid = server.proc.pid if server and server.proc else None
         rows = run_levels(base_url, args, pid)
@@ -256,6 +322,9 @@ def main() -> None:
         "model": rows[0]["model"],
         "server_sets": args.sets,
         "client_idle": args.client_idle,
+        "server_cpus": args.server_cpus,
+        "client_cpus": args.client_cpus,
+        "server_python": args.server_python,
         "server_peak_rss_mib": rss,
     }
     write_json(args.out, {**result, "rows": rows})
@@ -265,6 +334,7 @@ def main() -> None:
         print(f"server peak RSS: {rss:.0f} MiB")
     cols = ["concurrency", "non-stream tok/s", "stream tok/s", "ratio", "pair ratios median [min, max]"]
     cols += ["stream TTFT ms", "client CPU ms/tok N|S", "server CPU ms/tok N|S", "of which loop N|S"]
+    cols += ["loop S-N us/tok", "engine wait ms/step N|S"]
     print(table(summary_rows(rows), cols))
 
 

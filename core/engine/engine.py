@@ -49,6 +49,7 @@ class EngineStats:
     ring_wakeups: int = 0
     ring_full_waits: int = 0
     handoff_timeouts: int = 0  # model runs started after waiting stream.handoff_timeout_ms for the loop
+    handoff_wait_seconds: float = 0.0  # of busy_seconds: waiting for the loop to take the last step
     device_wait_seconds: float = 0.0  # of busy_seconds: blocked waiting for launched steps' tokens
 
 
@@ -230,6 +231,7 @@ class Engine:
             ring_wakeups=self.ring.wakeups,
             ring_full_waits=self.ring.full_waits,
             handoff_timeouts=self.ring.release_timeouts,
+            handoff_wait_seconds=self.ring.release_wait_s,
             device_wait_seconds=self.core.wait_seconds,
         )
 

@@ -54,7 +54,6 @@ class Metrics:
             "rillet_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r
         )
         self.prompt_tokens = Counter("rillet_prompt_tokens", "Prompt tokens of accepted requests", registry=r)
-        self.generation_tokens = Counter("rillet_generation_tokens", "Tokens generated", registry=r)
         self.ttft = LoopHistogram(
             "rillet_time_to_first_token_seconds", "Arrival to first token", _TTFT_BUCKETS
         )
@@ -81,6 +80,19 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def dispatch_samples(tokens: int, cpu_seconds: float) -> list[Sample]:
+    """The dispatcher's loop-owned counters (no lock per token: read here, at scrape time)."""
+    return [
+        ("rillet_generation_tokens", "Tokens generated (routed to their requests)", "counter", tokens),
+        (
+            "rillet_dispatch_cpu_seconds",
+            "Event-loop thread CPU time spent routing engine steps and writing direct SSE events",
+            "counter",
+            cpu_seconds,
+        ),
+    ]
 
 
 def engine_samples(stats: Any, wakeups: int, active_streams: int) -> list[Sample]:
@@ -133,6 +145,12 @@ def engine_samples(stats: Any, wakeups: int, active_streams: int) -> list[Sample
             "Model runs started after waiting stream.handoff_timeout_ms for a lagging event loop",
             "counter",
             stats.handoff_timeouts,
+        ),
+        (
+            "rillet_handoff_wait_seconds",
+            "Engine time spent waiting for the event loop to take a step's output before a model run",
+            "counter",
+            getattr(stats, "handoff_wait_seconds", 0.0),
         ),
         ("rillet_active_streams", "Requests the front end is serving", "gauge", active_streams),
     ]

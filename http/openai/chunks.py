@@ -58,6 +58,7 @@ class ChunkFormat:
         self._content_prefix = [h + key for h in self._choice_head]
         self._close = b"}" if chat else b""
         self._null_tail = b',"logprobs":null,"finish_reason":null}]' + self._usage_field + b"}\n\n"
+        self._text_tail = self._close + self._null_tail
         self._completion_lps = [CompletionLogprobs() for _ in range(num_choices)] if not chat else []
         self.tool_parsers = [ToolCallParser() for _ in range(num_choices)] if tools else None
 
@@ -73,7 +74,12 @@ class ChunkFormat:
         return b"".join(self.text_event(i, texts[i // n]) for i in range(len(self._choice_head)))
 
     def text_event(self, index: int, text: str) -> bytes:
-        return self._content_prefix[index] + _dumps(text) + self._close + self._null_tail
+        return self._content_prefix[index] + _dumps(text) + self._text_tail
+
+    def text_parts(self, index: int, text: str) -> tuple[bytes, bytes, bytes]:
+        """`text_event`'s bytes as (envelope head, the text as JSON, envelope tail): the writer
+        joins them once, framing included (stream/transport_write.py)."""
+        return self._content_prefix[index], _dumps(text), self._text_tail
 
     def content(self, index: int, text: str, logprobs: list[TokenLogprob] | None) -> bytes:
         if logprobs is None:

@@ -1,12 +1,20 @@
-"""The one consumer of the engine ring: a task on the event loop that routes deltas to request streams.
+"""The one consumer of the engine ring: a reader callback on the event loop that routes deltas to
+request streams, releases the engine, then writes.
 
 Wake-up protocol (core/ring.py): the dispatcher raises the ring's waiting flag just before it
-parks on `_event`; the engine thread, after a push, sees the flag and calls the notifier, which
-schedules `_event.set` on the loop. So a cross-thread wake-up happens at most once per engine step
-and never while the dispatcher is busy; everything that piled up meanwhile is taken by one
-`pop_all`. After routing, the dispatcher yields once so the writers it woke run before it looks
-at the ring again; then it releases the ring, which lets an engine that hands off (see
-`stream.handoff`) start its next model run.
+parks; the engine thread, after a push, sees the flag and wakes the loop through a `Waker` (an
+eventfd the loop watches with `add_reader`). So a cross-thread wake-up happens at most once per
+engine step and never while the dispatcher is busy. One callback then does everything, with no
+task, future or `sleep(0)` hop between the engine and its next step:
+
+  1. take every step that piled up (`pop_all`) and route its deltas to their streams; a stream
+     whose socket is free formats its SSE bytes at once (sse.py's direct path) into the outbox;
+     others wake their coroutine;
+  2. release the ring: an engine that hands off (`stream.handoff`) starts its next model run;
+  3. write the outbox to the sockets: the last act before the loop parks. A `send` wakes the
+     client's process, which on a busy box can preempt this thread: the engine is not waiting
+     for anything by then.
+Counters are plain ints owned by the loop (no lock per token); /metrics reads them at scrape time.
 """
 
 from __future__ import annotations
@@ -21,7 +29,8 @@ from rillet.core.outputs import StepOutput
 from rillet.core.ring import SpscRing
 from rillet.http.metrics.registry import Metrics
 from rillet.http.openai.errors import ApiError, engine_dead
-from rillet.http.stream.request_stream import RequestStream
+from rillet.http.stream.request_stream import Outbox, RequestStream
+from rillet.http.stream.waker import Waker
 
 log = logging.getLogger(__name__)
 
@@ -40,25 +49,35 @@ class Dispatcher:
         self._metrics = metrics
         # engine request id -> (its request's stream, index of its first choice in that stream)
         self._routes: dict[str, tuple[RequestStream, int]] = {}
-        self._event = asyncio.Event()
-        self.wakeups = 0  # times the dispatcher was woken from its wait (tests: <= engine steps)
+        self.outbox: Outbox = []  # (writer, bytes) formatted this pass, written after the release
+        self._waker: Waker | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.wakeups = 0  # reader callbacks run (tests: at most one per notification, plus the first)
+        self.passes = 0  # routing passes (a callback makes more while steps keep arriving)
         self.steps_routed = 0
+        self.tokens_routed = 0  # /metrics: rillet_generation_tokens_total
+        self.cpu_seconds = 0.0  # this thread's CPU time inside the callback (/metrics)
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        event = self._event
-
-        def notify() -> None:  # engine thread; once per wait at most (see the ring)
-            loop.call_soon_threadsafe(event.set)
-
-        self._ring.set_notifier(notify, releases=True)
+        """Becomes the ring's consumer on `loop` (call it on that loop's thread)."""
+        waker = self._waker = Waker()
+        self._loop = loop
+        self._ring.set_notifier(waker.wake, releases=True)
+        loop.add_reader(waker.fileno(), self._on_wake)
+        loop.call_soon(self._on_wake)  # whatever the engine pushed before this
 
     def detach(self) -> None:
         self._ring.set_notifier(None)
         self._ring.cancel_wait()
+        if self._waker is not None and self._loop is not None:
+            self._loop.remove_reader(self._waker.fileno())
+            self._waker.close()
+        self._waker = None
 
     # ---- registry ------------------------------------------------------------------------------
     def register(self, engine_id: str, stream: RequestStream, base_index: int = 0) -> None:
         """Before `engine.add_request`, so that no delta can arrive unrouted."""
+        stream.outbox = self.outbox
         self._routes[engine_id] = (stream, base_index)
 
     def unregister(self, engine_id: str) -> None:
@@ -72,27 +91,41 @@ class Dispatcher:
         for stream, _ in list(self._routes.values()):
             stream.fail(error)
         self._routes.clear()
+        self.write_outbox()
 
-    # ---- the loop ------------------------------------------------------------------------------
-    async def run(self) -> None:
-        ring, event = self._ring, self._event
+    # ---- the callback --------------------------------------------------------------------------
+    def _on_wake(self) -> None:
+        if self._waker is None:  # detached meanwhile
+            return
+        t0 = time.thread_time()
+        self.wakeups += 1
+        self._waker.clear()
+        ring = self._ring
         while True:
             outs = ring.pop_all()
             if outs:
+                self.passes += 1
                 self.route(outs)
-                await asyncio.sleep(0)  # the writers woken by route run here
                 ring.release()  # an engine waiting to hand off (stream.handoff) may run its model
+                self.write_outbox()
                 continue
-            event.clear()
-            if ring.prepare_wait():
-                await event.wait()
-                self.wakeups += 1
+            if ring.prepare_wait():  # parked: the next push wakes this callback again
+                break
+        self.cpu_seconds += time.thread_time() - t0
+
+    def write_outbox(self) -> None:
+        outbox = self.outbox
+        if outbox:
+            for write, data in outbox:
+                write(data)
+            outbox.clear()
 
     def route(self, outs: list[StepOutput]) -> None:
         """Appends every delta to its request's stream, then delivers each touched stream once.
 
-        Delivery after the whole pass (not per delta) means one write or one wake-up per request
-        per pass, however many engine steps the pass took from the ring.
+        Delivery after the whole pass (not per delta) means one event or one wake-up per request
+        per pass, however many engine steps the pass took from the ring. A direct write is only
+        formatted here: `write_outbox` sends it (after the release, in the callback).
         """
         routes = self._routes
         now = time.monotonic()
@@ -128,8 +161,7 @@ class Dispatcher:
         for stream in touched:
             stream.touched = False
             stream.deliver()
-        if metrics is not None and tokens:
-            metrics.generation_tokens.inc(tokens)
+        self.tokens_routed += tokens
 
     def _cut_off(self, stream: RequestStream) -> None:
         log.warning(
@@ -159,5 +191,6 @@ class Dispatcher:
         while healthy():
             await asyncio.sleep(interval)
         self.route(self._ring.pop_all())
+        self.write_outbox()
         await asyncio.sleep(0)
         self.fail_all(engine_dead(why()))

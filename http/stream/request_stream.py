@@ -24,6 +24,10 @@ from rillet.core.outputs import SeqDelta
 from rillet.core.sequence import FinishReason
 from rillet.http.openai.errors import ApiError
 
+# Writes formatted during a routing pass, sent once the pass is over (see dispatcher.py):
+# (the stream's writer, its bytes), in the order they were formatted.
+Outbox = list[tuple[Callable[[bytes], None], bytes]]
+
 
 class RequestStream:
     __slots__ = (
@@ -37,6 +41,7 @@ class RequestStream:
         "last_token_at",
         "num_choices",
         "on_cut",
+        "outbox",
         "pending",
         "pending_tokens",
         "request_id",
@@ -72,6 +77,17 @@ class RequestStream:
         # Set by a consumer that folds deltas as they come (non-streaming): push hands each delta
         # to it instead of keeping it pending. Must not raise (it runs inside the dispatcher).
         self.sink: Callable[[SeqDelta], None] | None = None
+        # The dispatcher's outbox (set on register): a flusher posts its writes there, and the
+        # dispatcher sends them after releasing the engine. None: the flusher writes at once.
+        self.outbox: Outbox | None = None
+
+    def post(self, write: Callable[[bytes], None], data: bytes) -> None:
+        """A direct write of this stream: queued in the outbox, or sent now without one."""
+        outbox = self.outbox
+        if outbox is None:
+            write(data)
+        else:
+            outbox.append((write, data))
 
     @property
     def finished(self) -> bool:

@@ -32,11 +32,16 @@ Write = Callable[[bytes], Awaitable[None]]
 
 
 class DirectWrite(Protocol):
-    """A synchronous write that never blocks: only called when `ready()` said the socket is free."""
+    """A synchronous write that never blocks: only called when `ready()` said the socket is free
+    (transport_write.py). `__call__` frames its bytes; `raw` writes bytes `frame` made."""
 
     def ready(self) -> bool: ...
 
     def __call__(self, data: bytes) -> None: ...
+
+    def frame(self, head: bytes, body: bytes, tail: bytes) -> bytes: ...
+
+    def raw(self, data: bytes) -> None: ...
 
 
 class Emitter:
@@ -68,16 +73,35 @@ class Emitter:
                 out.append(fmt.finish(piece.index, piece.finish.value))
         return out, failure
 
+    def single(self, d: SeqDelta, direct: DirectWrite) -> bytes | None:
+        """The fast path's event: one delta that neither ends its choice nor carries logprobs, of a
+        request without tools; the same bytes `events` would give, framed for `direct` in one
+        allocation (None: an empty text, a held-back stop-string prefix, is no event)."""
+        self.usage.update(d.index, d.completion_tokens, d.cached_tokens)
+        self.started[d.index] = True  # a piece of its own either way
+        return direct.frame(*self.fmt.text_parts(d.index, d.text)) if d.text else None
+
 
 def flusher(stream: RequestStream, emitter: Emitter, direct: DirectWrite) -> Callable[[], bool]:
-    """The stream's direct path; False hands the work to the pump."""
+    """The stream's direct path; False hands the work to the pump. Its bytes go to the stream's
+    outbox: the dispatcher writes them once it has released the engine (dispatcher.py)."""
+    fast = emitter.fmt.tool_parsers is None
 
     def flush() -> bool:
         if stream.failure is not None or stream.unfinished == 0 or not direct.ready():
             return False
+        pending = stream.pending
+        if fast and len(pending) == 1:  # the common case: one token since the last pass
+            d = pending[0]
+            if d.finish_reason is None and d.logprobs is None:
+                stream.take()
+                data = emitter.single(d, direct)
+                if data is not None:
+                    stream.post(direct.raw, data)
+                return True
         out, _ = emitter.events(stream.take(), None)  # no failure: those end the request (above)
         if out:
-            direct(out[0] if len(out) == 1 else b"".join(out))
+            stream.post(direct, out[0] if len(out) == 1 else b"".join(out))
         return True
 
     return flush

@@ -30,6 +30,17 @@ class TransportWrite:
             data = b"%x\r\n%b\r\n" % (len(data), data)
         self._transport.write(data)
 
+    def frame(self, head: bytes, body: bytes, tail: bytes) -> bytes:
+        """`head + body + tail` as this response's body bytes (framed when chunked), made in one
+        allocation: the fast path's event is never copied again on its way to the socket."""
+        if self._chunked:
+            return b"%x\r\n%b%b%b\r\n" % (len(head) + len(body) + len(tail), head, body, tail)
+        return head + body + tail
+
+    def raw(self, data: bytes) -> None:
+        """Bytes that `frame` made: written as they are."""
+        self._transport.write(data)
+
 
 def transport_write(writer: AbstractStreamWriter | None) -> TransportWrite | None:
     """For a prepared, uncompressed StreamResponse's writer; None if it cannot be bypassed."""

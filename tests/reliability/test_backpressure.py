@@ -147,7 +147,14 @@ def test_stuck_readers_cost_the_others_no_work_per_token(monkeypatch: pytest.Mon
             formatted[deltas[0].request_id] += 1
         return coalesce(deltas, limit, started)
 
+    single = sse.Emitter.single
+
+    def counting_single(self: sse.Emitter, d: Any, direct: Any) -> Any:  # the one-token fast path
+        formatted[d.request_id] += 1
+        return single(self, d, direct)
+
     monkeypatch.setattr(sse, "coalesce", counting)
+    monkeypatch.setattr(sse.Emitter, "single", counting_single)
     with served(*SLOW) as (engine, srv):
         model = engine.model_name
         disp = srv.state.dispatcher

@@ -216,6 +216,12 @@ class FakeDirect:
     def __call__(self, data: bytes) -> None:
         self.writes.append(data)
 
+    def frame(self, head: bytes, body: bytes, tail: bytes) -> bytes:  # unframed: one event's bytes
+        return head + body + tail
+
+    def raw(self, data: bytes) -> None:
+        self.writes.append(data)
+
 
 def _start_pump(
     stream: RequestStream,

@@ -16,7 +16,7 @@ from rillet.http.stream.request_stream import RequestStream
 
 def parked(ring: SpscRing[StepOutput]) -> bool:
     """The dispatcher has raised the ring's waiting flag: it is parked (the test runs on the same
-    loop, so it cannot be between raising the flag and awaiting its event)."""
+    loop, so it cannot be inside its callback)."""
     return ring._waiting
 
 
@@ -66,7 +66,6 @@ def test_a_busy_loop_gets_one_wakeup_for_many_steps() -> None:
         stream = RequestStream("r", 1)
         disp.register("r", stream)
         disp.attach(asyncio.get_running_loop())
-        task = asyncio.create_task(disp.run())
         await until(lambda: parked(ring), "dispatcher parked")
         # 1) the loop is busy (blocked) while the engine pushes 20 steps
         producer = threading.Thread(target=lambda: [ring.push(step(i)) for i in range(20)])
@@ -81,7 +80,6 @@ def test_a_busy_loop_gets_one_wakeup_for_many_steps() -> None:
             ring.push(step(100 + i))
             routed = 21 + i
             await until(lambda: disp.steps_routed == routed and parked(ring), "the step routed")  # noqa: B023
-        task.cancel()
         disp.detach()
         return busy_wakeups, routed_busy, ring.wakeups - busy_wakeups
 
@@ -97,7 +95,6 @@ def test_engine_thread_steps_never_wake_the_loop_more_than_once_each() -> None:
         stream = RequestStream("r", 1)
         disp.register("r", stream)
         disp.attach(asyncio.get_running_loop())
-        task = asyncio.create_task(disp.run())
         await until(lambda: parked(ring), "dispatcher parked")  # the first push must wake it
         steps = 300
 
@@ -114,11 +111,11 @@ def test_engine_thread_steps_never_wake_the_loop_more_than_once_each() -> None:
             await stream.wait()
             got += len(stream.take())
         t.join(30)
-        task.cancel()
+        disp.detach()
         return steps, ring.wakeups, disp.wakeups
 
     steps, wakeups, woken = asyncio.run(scenario())
-    assert 0 < wakeups <= steps and woken <= wakeups
+    assert 0 < wakeups <= steps and woken <= wakeups + 1  # + the callback at attach
 
 
 def test_routing_offsets_choice_indices_and_drops_unregistered() -> None:

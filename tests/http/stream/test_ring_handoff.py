@@ -6,7 +6,6 @@ import asyncio
 import threading
 import time
 
-from http_helpers import until
 from rillet.core.outputs import SeqDelta, StepOutput
 from rillet.core.ring import SpscRing
 from rillet.http.stream.dispatcher import Dispatcher
@@ -91,36 +90,52 @@ def test_the_wait_is_bounded_and_ends_on_close_or_detach() -> None:
     assert result and ring.release_timeouts == 1  # ended by the close, not by its timeout
 
 
-def test_the_dispatcher_releases_after_routing_and_the_writers_ran() -> None:
-    async def scenario() -> list[str]:
+class _Socket:
+    """A direct writer (transport_write.py's interface) that notes, at each write, whether the
+    engine had been released already."""
+
+    def __init__(self, ring: SpscRing[StepOutput]) -> None:
+        self.ring = ring
+        self.writes: list[tuple[bytes, bool]] = []
+
+    def ready(self) -> bool:
+        return True
+
+    def __call__(self, data: bytes) -> None:
+        self.writes.append((data, self.ring._released >= self.ring._head))
+
+    def frame(self, head: bytes, body: bytes, tail: bytes) -> bytes:
+        return head + body + tail
+
+    def raw(self, data: bytes) -> None:
+        self(data)
+
+
+def test_the_dispatcher_routes_releases_then_writes() -> None:
+    """Route and format, release the engine, then write to the socket: no client woken by a send
+    can stand between the engine and its next model run."""
+
+    async def scenario() -> tuple[list[tuple[bytes, bool]], bool]:
         ring: SpscRing[StepOutput] = SpscRing(16)
         disp = Dispatcher(ring, lambda rid: None, 10_000)
         stream = RequestStream("r", 1)
         disp.register("r", stream)
+        socket = _Socket(ring)
+        stream.flusher = lambda: (stream.post(socket, stream.take()[0].text.encode()), True)[1]
         disp.attach(asyncio.get_running_loop())
         assert ring.consumer_releases
-        task = asyncio.create_task(disp.run())
-        events: list[str] = []
-
-        async def writer() -> None:  # a woken request coroutine: must run before the release
-            await stream.wait()
-            events.append(f"writer {len(stream.take())}")
-
-        wtask = asyncio.create_task(writer())
-        await until(lambda: stream._waiter is not None, "the writer parked on its stream")
+        released: list[bool] = []
 
         def engine() -> None:
             ring.push(_step(1))
-            ring.wait_released(5.0)
-            events.append("released")
+            released.append(ring.wait_released(5.0))
 
         t = threading.Thread(target=engine)
         t.start()
         while t.is_alive():
             await asyncio.sleep(0.001)
-        await wtask
-        task.cancel()
         disp.detach()
-        return events
+        return socket.writes, released[0]
 
-    assert asyncio.run(scenario()) == ["writer 1", "released"]
+    writes, released = asyncio.run(scenario())
+    assert writes == [(b"x", True)] and released

@@ -2,9 +2,10 @@
 
 tests/data/sse_golden.json was written by the streaming path before issue 25 reworked it (the
 dispatcher's wake-up, the write order, the single-token fast path): the rework may change how the
-bytes are made, never which bytes. Each scenario drives the real dispatcher, request stream, SSE
-writer (its direct path to a transport and its pump) and chunk formats with a fixed sequence of
-routing passes; the transport is always free, so each pass is written before the next arrives.
+bytes are made, never which bytes. Each scenario drives the real ring, dispatcher, request stream,
+SSE writer (its direct path to a transport and its pump) and chunk formats with a fixed sequence
+of routing passes (the steps pushed while the loop is busy make one pass); the transport is
+always free, so each pass is written before the next arrives.
 Regenerate (only for an intended change of the wire format): `python -m pytest ... --regen-golden`
 is not offered on purpose; run this module's `_regenerate()` by hand and review the diff.
 """
@@ -175,12 +176,15 @@ async def _run(s: Scenario) -> bytes:
         pump_sse(stream, fmt, Usage([3], s.n), write, cfg, head, TransportWrite(transport, True))
     )
     await settle()
-    for step, pass_ in enumerate(s.passes):
-        disp.route([StepOutput(step * 10 + i, deltas) for i, deltas in enumerate(pass_)])
+    disp.attach(asyncio.get_running_loop())
+    for step, pass_ in enumerate(s.passes):  # the steps of a pass are in the ring when it wakes
+        for i, deltas in enumerate(pass_):
+            ring.push(StepOutput(step * 10 + i, deltas))
         await settle()
     if s.cut_off:
         disp._cut_off(stream)
     await asyncio.wait_for(task, 10)
+    disp.detach()
     return bytes(transport.data)
 
 
