@@ -66,7 +66,9 @@ async def run_generation(
         created, model, texts = int(time.time()), engine.model_name, state.texts
         assert texts is not None
         if chat:
-            body = chat_body(rid, created, model, results, usage, texts, gen.tools is not None)
+            body = chat_body(
+                rid, created, model, results, usage, texts, gen.tools is not None, gen.max_tool_calls
+            )
         else:
             body = completion_body(rid, created, model, results, usage, texts, gen.echo_texts)
         return web.Response(body=orjson.dumps(body), content_type=JSON_CONTENT_TYPE)
@@ -100,6 +102,7 @@ async def _stream(
         gen.include_usage,
         state.texts,
         tools=gen.tools is not None,
+        max_tool_calls=gen.max_tool_calls,
     )
     head = fmt.role() if gen.kind == "chat" else fmt.echo(gen.echo_texts, gen.n) if gen.echo_texts else b""
     resp = web.StreamResponse(status=200, headers=SSE_HEADERS)

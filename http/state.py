@@ -15,6 +15,7 @@ import time
 from typing import Literal
 
 from rillet.core.config import RilletConfig
+from rillet.core.structured.json_style import json_options
 from rillet.http.engine_api import EngineLike, vocab_size
 from rillet.http.metrics.registry import Metrics, Sample, dispatch_samples, engine_samples
 from rillet.http.net.auth import ApiKeys
@@ -64,6 +65,8 @@ class ServerState:
             max_n=cfg.server.max_n,
             vocab_size=vocab_size(engine.tokenizer),
             max_prompts=cfg.scheduler.max_waiting,
+            json_options=json_options(cfg.structured.whitespace),
+            max_tool_calls=cfg.structured.max_tool_calls,
         )
         disp = Dispatcher(
             engine.ring,

@@ -80,8 +80,15 @@ class StructuredConfig:
     # fill's CPU time comes out of the forward's; off on CUDA (spare cores fill during the forward,
     # and the check would read the tokens back every step).
     lazy_masks: Literal["auto", "on", "off"] = "auto"
+    # JSON layout in constrained outputs (core/structured/json_style.py): flexible = newlines and
+    # indentation as models write them, at most 38 bytes of whitespace per gap; compact = one line.
+    whitespace: Literal["flexible", "compact"] = "flexible"
+    # tool_choice required with parallel_tool_calls (the default): at most this many calls per
+    # answer (unbounded, a small model repeated the same call until max_tokens)
+    max_tool_calls: int = 8
 
     def __post_init__(self) -> None:
         check(self.cache_size >= 1, "structured.cache_size", "must be >= 1")
         check(self.lazy_masks in ("auto", "on", "off"), "structured.lazy_masks", "must be auto, on or off")
         check(self.compile_timeout_s > 0, "structured.compile_timeout_s", "must be > 0")
+        check(self.max_tool_calls >= 1, "structured.max_tool_calls", "must be >= 1")

@@ -18,13 +18,11 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from rillet.core.structured import json_style
 from rillet.core.structured.matcher import GrammarMatcher
 from rillet.core.structured.schema import close_objects
 from rillet.core.structured.spec import INSTALL_HINT, GrammarError, GrammarSpec, GrammarUnavailable
 
-# JSON is generated compactly on one line, with the spacing models saw most in training.
-# No free whitespace: a small model could otherwise fill max_tokens with newlines.
-JSON_OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 ANY_OBJECT = '{"type": "object"}'
 
 
@@ -34,15 +32,25 @@ def grammar_engine_available() -> bool:
 
 class GrammarCompiler:
     def __init__(
-        self, tokenizer_json: str, vocab_size: int, eos_token_ids: tuple[int, ...], cache_size: int
+        self,
+        tokenizer_json: str,
+        vocab_size: int,
+        eos_token_ids: tuple[int, ...],
+        cache_size: int,
+        json_options: dict[str, str | bool] | None = None,
     ) -> None:
-        """`tokenizer_json`: the HF `tokenizers` serialization; `vocab_size`: the logits' width."""
+        """`tokenizer_json`: the HF `tokenizers` serialization; `vocab_size`: the logits' width;
+        `json_options`: the JSON layout (json_style.py; default flexible). Fixed for the compiler's
+        life: its cache is keyed by spec alone."""
         if not grammar_engine_available():
             raise GrammarUnavailable("response_format", INSTALL_HINT)
         self._tokenizer_json = tokenizer_json
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.cache_size = cache_size
+        self.json_options = (
+            dict(json_options) if json_options is not None else json_style.json_options("flexible")
+        )
         self._cache: OrderedDict[GrammarSpec, Any] = OrderedDict()  # spec -> template LLMatcher
         self._lock = threading.Lock()
         self._lltok: Any = None
@@ -107,7 +115,7 @@ class GrammarCompiler:
         if spec.kind == "lark":
             return str(llguidance.LLMatcher.grammar_from_lark(spec.source))
         source = ANY_OBJECT if spec.kind == "json_object" else _closed(spec)
-        options = dict(JSON_OPTIONS, lenient=False)  # a keyword it cannot enforce is an error, not ignored
+        options = dict(self.json_options, lenient=False)  # a keyword it cannot enforce is an error
         try:
             return str(llguidance.LLMatcher.grammar_from_json_schema(source, overrides=options))  # type: ignore[arg-type]
         except (ValueError, TypeError) as exc:

@@ -8,6 +8,7 @@ from rillet.core.config import StructuredConfig
 from rillet.core.runner.base import Runner
 from rillet.core.runner.model_runner import ModelRunner
 from rillet.core.structured.compiler import GrammarCompiler, grammar_engine_available
+from rillet.core.structured.json_style import json_options
 from rillet.core.structured.masks import MaskFiller
 from rillet.core.structured.spec import INSTALL_HINT
 from rillet.core.tokenizer.tokenizer import Tokenizer
@@ -26,7 +27,8 @@ def attach_structured(
     if not isinstance(runner, ModelRunner) or vocab_size is None:
         return None, "structured outputs need a real model (not the synthetic one)"
     eos = tokenizer.eos_token_ids
-    compiler = GrammarCompiler(tokenizer.backend_json(), vocab_size, eos, cfg.cache_size)
+    options = json_options(cfg.whitespace)
+    compiler = GrammarCompiler(tokenizer.backend_json(), vocab_size, eos, cfg.cache_size, options)
     lazy = cfg.lazy_masks == "on" or (cfg.lazy_masks == "auto" and runner.device.type == "cpu")
     runner.masks = MaskFiller(vocab_size, eos, lazy=lazy)
     log.info("structured outputs: llguidance, lazy masks for greedy rows %s", "on" if lazy else "off")

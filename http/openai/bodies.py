@@ -30,20 +30,23 @@ def chat_body(
     usage: Usage,
     texts: TokenTexts,
     tools: bool = False,
+    max_calls: int | None = None,
 ) -> dict[str, Any]:
-    """`tools`: tools were offered, so each answer is read for tool calls (tool_calls.py)."""
+    """`tools`: tools were offered, so each answer is read for tool calls (tool_calls.py), at most
+    `max_calls` of them (None: any number; parallel_tool_calls false: 1)."""
     choices = []
     for i, r in enumerate(results):
         lps = {"content": chat_entries(r.logprobs, texts)} if r.logprobs is not None else None
-        message, finish = _message(r, tools)
+        message, finish = _message(r, tools, max_calls)
         choices.append({"index": i, "message": message, "logprobs": lps, "finish_reason": finish})
     return _envelope(request_id, "chat.completion", created, model, choices, usage)
 
 
-def _message(r: ChoiceResult, tools: bool) -> tuple[dict[str, Any], str | None]:
+def _message(r: ChoiceResult, tools: bool, max_calls: int | None) -> tuple[dict[str, Any], str | None]:
+    """Only whole calls are calls: one cut by max_tokens is left out (its finish stays `length`)."""
     if not tools:
         return {"role": "assistant", "content": r.text}, r.finish_reason
-    parsed = parse_all(r.text)
+    parsed = parse_all(r.text, max_calls)
     if not parsed.calls:
         return {"role": "assistant", "content": parsed.content}, r.finish_reason
     calls = [
@@ -51,7 +54,7 @@ def _message(r: ChoiceResult, tools: bool) -> tuple[dict[str, Any], str | None]:
         for name, args in parsed.calls
     ]
     content = parsed.content.strip() or None
-    finish = "tool_calls" if r.finish_reason == "stop" else r.finish_reason
+    finish = "tool_calls" if r.finish_reason == "stop" and not parsed.dropped else r.finish_reason
     return {"role": "assistant", "content": content, "tool_calls": calls}, finish
 
 

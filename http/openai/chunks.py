@@ -43,8 +43,10 @@ class ChunkFormat:
         include_usage: bool,
         texts: TokenTexts,
         tools: bool = False,
+        max_tool_calls: int | None = None,
     ) -> None:
-        """`tools`: chat with tools offered; each choice's text is read for tool calls as it streams."""
+        """`tools`: chat with tools offered; each choice's text is read for tool calls as it streams
+        (at most `max_tool_calls` of them; None: any number)."""
         self.chat = chat
         self.texts = texts
         self.include_usage = include_usage
@@ -60,7 +62,7 @@ class ChunkFormat:
         self._null_tail = b',"logprobs":null,"finish_reason":null}]' + self._usage_field + b"}\n\n"
         self._text_tail = self._close + self._null_tail
         self._completion_lps = [CompletionLogprobs() for _ in range(num_choices)] if not chat else []
-        self.tool_parsers = [ToolCallParser() for _ in range(num_choices)] if tools else None
+        self.tool_parsers = [ToolCallParser(max_tool_calls) for _ in range(num_choices)] if tools else None
 
     # ---- events ------------------------------------------------------------------------------
     def role(self) -> bytes:
@@ -100,8 +102,8 @@ class ChunkFormat:
         if self.tool_parsers is not None:
             parser = self.tool_parsers[index]
             head = b"".join(self._tool_events(index, parser.finish()))
-            if parser.calls and reason == "stop":
-                reason = "tool_calls"
+            if parser.calls and reason == "stop" and parser.closed == parser.calls:
+                reason = "tool_calls"  # not for a call whose arguments never ended
         body = b',"delta":{}' if self.chat else b',"text":""'
         tail = b',"logprobs":null,"finish_reason":"' + reason.encode() + b'"}]' + self._usage_field + b"}\n\n"
         return head + self._choice_head[index] + body + tail

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from rillet.core.errors import RequestError
 from rillet.core.sampling_params import MAX_LOGPROBS, SamplingParams
+from rillet.core.structured.json_style import FLEXIBLE
 from rillet.core.structured.spec import GrammarSpec
 from rillet.http.openai.chat_messages import parse_messages
 from rillet.http.openai.errors import ApiError, bad_request, model_not_found, unsupported
@@ -64,6 +65,10 @@ class Limits:
     # Completions may batch prompts (one engine request each); more than the waiting queue holds
     # could never be admitted, so that is a 400, not an endless 429.
     max_prompts: int = 1024
+    # JSON layout of forced tool calls (core/structured/json_style.py; the engine's grammars
+    # use the same) and the cap on parallel calls (structured.max_tool_calls)
+    json_options: dict[str, str | bool] = dataclasses.field(default_factory=lambda: dict(FLEXIBLE))
+    max_tool_calls: int = 8
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,12 @@ class GenRequest:
     def num_choices(self) -> int:
         return len(self.prompts) * self.n
 
+    @property
+    def max_tool_calls(self) -> int | None:
+        """Calls an answer may carry: one with parallel_tool_calls false, else any number (a
+        forced call's grammar bounds its own: structured.max_tool_calls)."""
+        return 1 if self.tools is not None and not self.tools.parallel else None
+
 
 def parse_chat(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
     _check_common(body, limits)
@@ -95,7 +106,7 @@ def parse_chat(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
             "response_format", "cannot be combined with tool_choice 'required' or a named function"
         )
     if tools is not None and tools.mode != "auto":
-        grammar = tools.grammar()
+        grammar = tools.grammar(limits.json_options, limits.max_tool_calls)
     messages = parse_messages(body.get("messages"))
     text = _render_chat(tokenizer, messages, tools)
     # The template already holds any BOS the model wants.
@@ -108,7 +119,9 @@ def parse_chat(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
     )
     gen = _build("chat", body, [ids], "messages", max_tokens_field, logprobs, None, limits, grammar)
     check = (
-        ToolSetup(tools.tools, "required", None, False).grammar() if tools and tools.mode == "auto" else None
+        ToolSetup(tools.tools, "required", None, False).grammar(limits.json_options, 1)
+        if tools and tools.mode == "auto"
+        else None
     )
     return dataclasses.replace(gen, tools=tools, tool_check=check)
 

@@ -8,6 +8,12 @@ the whole text. Events: `("content", text)`, `("call", name)` (a call starts; it
 out to be the start of a `<tool_call>` tag is held back, as stop strings are. A block the parser
 cannot read as a call (other keys first, not JSON) is parsed whole once it closes, or given back as
 content.
+
+A call is only a call once its arguments are a whole JSON object: one cut by max_tokens (or
+garbled) never reaches a client as a call (non-streamed: `parse_all` drops it; streamed, where
+its fragments are out already, the finish reason stays `length`, which the SDKs' accumulators
+raise on). With `max_calls` (parallel_tool_calls false: 1) the text after the last allowed call
+is dropped.
 """
 
 from __future__ import annotations
@@ -70,9 +76,11 @@ class _Args:
 
 @dataclass
 class ToolCallParser:
-    state: Literal["text", "head", "args", "tail"] = "text"
+    max_calls: int | None = None  # None: any number
+    state: Literal["text", "head", "args", "tail", "done"] = "text"
     buf: str = ""
     calls: int = 0  # calls started so far
+    closed: int = 0  # of those, calls whose arguments value ended
     after_call: bool = False  # newlines right after a closed call separate calls: not content
     _args: _Args = field(default_factory=_Args)
 
@@ -87,8 +95,10 @@ class ToolCallParser:
                 self._head(out)
             elif self.state == "args":
                 self._args_state(out)
-            else:
+            elif self.state == "tail":
                 self._tail(out)
+            else:  # done: max_calls reached, the rest is dropped
+                self.buf = ""
             if (self.state, len(self.buf)) == before:
                 return out
 
@@ -113,6 +123,9 @@ class ToolCallParser:
         if at >= 0:
             if at:
                 out.append(("content", self.buf[:at]))
+            if self.max_calls is not None and self.calls >= self.max_calls:
+                self.buf, self.state = "", "done"
+                return
             self.buf, self.state = self.buf[at + len(OPEN) :], "head"
             return
         keep = _held(self.buf)
@@ -146,6 +159,7 @@ class ToolCallParser:
             self.buf = ""
         else:
             self.buf, self.state = self.buf[end:], "tail"
+            self.closed += 1
 
     def _tail(self, out: list[Event]) -> None:
         end = self.buf.find(CLOSE)
@@ -162,6 +176,7 @@ class ToolCallParser:
         if isinstance(obj, dict) and isinstance(obj.get("name"), str):
             args = obj.get("arguments", obj.get("parameters", {}))
             self.calls += 1
+            self.closed += 1
             text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
             return [("call", obj["name"]), ("args", text)]
         return [("content", OPEN + body + (CLOSE if closed else ""))]
@@ -178,12 +193,13 @@ def _held(text: str) -> int:
 @dataclass
 class ParsedCalls:
     content: str
-    calls: list[tuple[str, str]]  # (name, arguments JSON text)
+    calls: list[tuple[str, str]]  # (name, arguments JSON text): complete calls only
+    dropped: int = 0  # calls left out: their arguments are not a whole JSON object (cut, garbled)
 
 
-def parse_all(text: str) -> ParsedCalls:
+def parse_all(text: str, max_calls: int | None = None) -> ParsedCalls:
     """The non-streaming path: the whole answer at once."""
-    p = ToolCallParser()
+    p = ToolCallParser(max_calls)
     return collect_events(p.feed(text) + p.finish())
 
 
@@ -197,4 +213,12 @@ def collect_events(events: list[Event]) -> ParsedCalls:
             calls.append([value, ""])
         else:
             calls[-1][1] += value
-    return ParsedCalls("".join(content), [(n, a) for n, a in calls])
+    whole = [(n, a) for n, a in calls if is_json_object(a)]
+    return ParsedCalls("".join(content), whole, len(calls) - len(whole))
+
+
+def is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False

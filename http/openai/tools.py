@@ -14,8 +14,6 @@ from rillet.http.openai.fields import Body, opt_bool, type_name
 from rillet.http.openai.response_format import NAME, schema_text
 
 _EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
-# JSON inside forced tool calls: compact, one line (as core/structured/compiler.py's JSON_OPTIONS).
-_X_GUIDANCE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 
 ToolMode = Literal["auto", "required", "named"]
 
@@ -42,9 +40,11 @@ class ToolSetup:
     named: str | None  # the forced function when mode == "named"
     parallel: bool
 
-    def grammar(self) -> GrammarSpec | None:
-        """`required` / named: a Lark grammar of one or more `<tool_call>` blocks whose JSON has the
-        chosen function's name and arguments valid for its parameters; `auto`: none (free text)."""
+    def grammar(self, json_options: dict[str, str | bool], max_calls: int) -> GrammarSpec | None:
+        """`required` / named: a Lark grammar of `<tool_call>` blocks whose JSON has the chosen
+        function's name and arguments valid for its parameters, laid out as `json_options` says
+        (core/structured/json_style.py); one call, or up to `max_calls` with parallel_tool_calls
+        under `required`. `auto`: none (free text)."""
         if self.mode == "auto":
             return None
         chosen = [t for t in self.tools if self.mode == "required" or t.name == self.named]
@@ -58,10 +58,10 @@ class ToolSetup:
             for t in chosen
         ]
         schema: dict[str, Any] = variants[0] if len(variants) == 1 else {"anyOf": variants}
-        schema = {**schema, "x-guidance": _X_GUIDANCE}
+        schema = {**schema, "x-guidance": json_options}
         call = 'call: "<tool_call>\\n" %json ' + json.dumps(schema, ensure_ascii=False) + ' "\\n</tool_call>"'
-        repeat = self.parallel and self.mode == "required"
-        start = 'start: call ("\\n" call)*' if repeat else "start: call"
+        more = max_calls - 1 if self.parallel and self.mode == "required" else 0
+        start = f'start: call ("\\n" call){{0,{more}}}' if more else "start: call"
         return GrammarSpec("lark", start + "\n" + call + "\n", param="tools")
 
 

@@ -289,6 +289,9 @@ class FakeEngine:
         if done:
             s.emitted = -1
             return self._delta(s, [tok], "", None, FinishReason.STOP, None)
+        if len(s.out) >= s.params.max_tokens:
+            s.emitted = -1
+            return self._delta(s, [tok], chr(tok), None, FinishReason.LENGTH, None)
         return self._delta(s, [tok], chr(tok), None, None, None)
 
     def _delta(

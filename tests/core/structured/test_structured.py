@@ -18,6 +18,7 @@ from rillet.core.runner.sampler import Sampler
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import Seq
 from rillet.core.structured.compiler import GrammarCompiler
+from rillet.core.structured.json_style import json_options
 from rillet.core.structured.masks import MaskFiller
 from rillet.core.structured.matcher import GrammarViolation
 from rillet.core.structured.schema import close_objects
@@ -41,7 +42,8 @@ def tok() -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def compiler(tok: Tokenizer) -> GrammarCompiler:
-    return GrammarCompiler(tok.backend_json(), 49152, tok.eos_token_ids, cache_size=4)
+    # compact: after `{"n": ` only a digit may follow (flexible would allow more whitespace first)
+    return GrammarCompiler(tok.backend_json(), 49152, tok.eos_token_ids, 4, json_options("compact"))
 
 
 def test_compiled_grammars_are_cached_and_bounded(tok: Tokenizer) -> None:
@@ -193,7 +195,8 @@ def _generate(
         "cache": cache,
         "graphs": {"compile_mode": "none"},
         "engine": {"overlap": overlap},
-        "structured": {"lazy_masks": lazy_masks},
+        # compact: a random-weight model would spend its 120 tokens on whitespace gaps otherwise
+        "structured": {"lazy_masks": lazy_masks, "whitespace": "compact"},
     }
     with LLM(config_from_dict(sections)) as llm:
         masks = llm.engine.runtime.runner.masks

@@ -3,8 +3,9 @@
 max_tokens, logprobs and seeds under a grammar, and completions.
 
 Every schema bounds its output (strings by maxLength, enum, pattern or format; integers by bounds;
-arrays by maxItems; no free whitespace), so a valid document always fits in MAX_TOKENS whatever
-the model prefers: the assertions hold on any machine, not just for this model's greedy choices.
+arrays by maxItems; whitespace at most 38 bytes a gap: core/structured/json_style.py), so a valid
+document always fits in MAX_TOKENS whatever the model prefers: the assertions hold on any machine,
+not just for this model's greedy choices.
 """
 
 from __future__ import annotations
@@ -266,6 +267,20 @@ def test_json_object_mode(client: openai.OpenAI, model: str) -> None:
     assert text.startswith("{")
     if r.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(text), dict)
+
+
+def test_json_object_is_written_the_way_the_model_writes_json(client: openai.OpenAI, model: str) -> None:
+    """Issue 26's prompt: under a compact-only grammar this model wrote `{", ": 10000…` until
+    max_tokens; with bounded flexible whitespace it pretty-prints, finishes, and parses."""
+    r = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Give three fruits and their colours as JSON."}],
+        response_format={"type": "json_object"},
+        max_tokens=400,
+        temperature=0,
+    )
+    text = r.choices[0].message.content or ""
+    assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(text), dict), text
 
 
 def test_n_seed_logprobs_under_a_grammar(client: openai.OpenAI, model: str) -> None:

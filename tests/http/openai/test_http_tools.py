@@ -14,6 +14,7 @@ import openai
 import pytest
 from fake_engine import FakeEngine, FakeTokenizer
 from http_helpers import serving
+from pydantic import BaseModel
 from rillet.http.openai.protocol import Limits, parse_chat
 from rillet.http.openai.tool_prompt import TOOLS_INTRO
 
@@ -30,6 +31,12 @@ TOOLS = [
         },
     }
 ]
+
+
+class Weather(BaseModel):
+    city: str
+
+
 REPLY = (
     'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}\n'
     '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
@@ -48,8 +55,7 @@ def _ask(client: openai.OpenAI, **kwargs: Any) -> Any:
         model="fake-model",
         messages=[{"role": "user", "content": "weather?"}],
         tools=TOOLS,
-        max_tokens=400,
-        **kwargs,
+        **{"max_tokens": 400, **kwargs},
     )
 
 
@@ -85,6 +91,65 @@ def test_auto_tool_calls_streamed(scripted: tuple[openai.OpenAI, FakeEngine]) ->
     args = ["".join(d.function.arguments or "" for d in deltas if d.index == i) for i in (0, 1)]
     assert [json.loads(a) for a in args] == [{"city": "Paris", "days": [1, 2]}, {"city": "Rome"}]
     assert sum(1 for d in deltas if d.index == 0) > 2  # arguments arrive in fragments as generated
+
+
+def test_a_call_cut_by_max_tokens_is_not_a_call(scripted: tuple[openai.OpenAI, FakeEngine]) -> None:
+    """Non-streamed: only whole calls (the second is cut mid-arguments), finish_reason length.
+    Streamed: its fragments went out as generated, so the answer ends with `length`, not
+    `tool_calls`: the SDK's stream accumulator raises LengthFinishReasonError on it."""
+    client, engine = scripted
+    engine.reply = REPLY.encode()
+    cut = REPLY.index('"Rome"') + 3  # inside the second call's arguments (one byte a token)
+    r = _ask(client, temperature=0, max_tokens=cut)
+    assert r.choices[0].finish_reason == "length"
+    calls = r.choices[0].message.tool_calls or []
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris", "days": [1, 2]})
+    ]
+    finish = [
+        c.finish_reason
+        for chunk in _ask(client, temperature=0, max_tokens=cut, stream=True)
+        for c in chunk.choices
+    ]
+    assert finish[-1] == "length"
+    tool = openai.pydantic_function_tool(Weather, name="get_weather")
+    with (
+        pytest.raises(openai.LengthFinishReasonError),
+        client.chat.completions.stream(
+            model="fake-model", messages=[{"role": "user", "content": "?"}], tools=[tool], max_tokens=cut
+        ) as stream,
+    ):
+        for _ in stream:
+            pass
+
+
+def test_parallel_tool_calls_false_gives_one_call(scripted: tuple[openai.OpenAI, FakeEngine]) -> None:
+    client, engine = scripted
+    engine.reply = REPLY.encode()
+    r = _ask(client, temperature=0, parallel_tool_calls=False)
+    calls = r.choices[0].message.tool_calls or []
+    assert r.choices[0].finish_reason == "tool_calls" and [c.function.name for c in calls] == ["get_weather"]
+    assert json.loads(calls[0].function.arguments) == {"city": "Paris", "days": [1, 2]}
+    streamed: dict[int, str] = {}
+    for chunk in _ask(client, temperature=0, parallel_tool_calls=False, stream=True):
+        for c in chunk.choices:
+            for d in c.delta.tool_calls or []:
+                streamed[d.index] = streamed.get(d.index, "") + (d.function.arguments or "")
+    assert list(streamed) == [0] and json.loads(streamed[0]) == {"city": "Paris", "days": [1, 2]}
+
+
+def test_forced_calls_are_one_without_parallel_and_bounded_with_it() -> None:
+    from rillet.core.structured.json_style import FLEXIBLE
+    from rillet.http.openai.tools import parse_tools
+
+    one = parse_tools({"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False})
+    many = parse_tools({"tools": TOOLS, "tool_choice": "required"})
+    assert one is not None and many is not None
+    one_spec, many_spec = one.grammar(FLEXIBLE, 8), many.grammar(FLEXIBLE, 8)
+    assert one_spec is not None and many_spec is not None
+    assert one_spec.source.startswith("start: call\n")
+    assert many_spec.source.startswith('start: call ("\\n" call){0,7}\n')
+    assert json.dumps(FLEXIBLE) in many_spec.source  # the calls' JSON laid out as the engine's
 
 
 def test_plain_answer_with_tools_is_content(scripted: tuple[openai.OpenAI, FakeEngine]) -> None:

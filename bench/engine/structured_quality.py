@@ -1,0 +1,314 @@
+"""Constrained quality, not speed: does the model finish valid JSON under each layout?
+
+30 JSON tasks (json_object prompts and JSON Schemas of several shapes), each run greedy and at
+T = 0.7 with three seeds, offline on the default model: the share of answers that finish with
+`stop` and parse (and validate against their schema), and the mean output length, under
+`structured.whitespace` compact vs flexible, beside the unconstrained answers (their first
+fenced ```json block, or the whole text, parsed: how often the model gets it right by itself).
+
+    .venv/bin/python -m bench.engine.structured_quality [--modes compact flexible none] [--max-tokens 400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from typing import Any
+
+import jsonschema
+
+from bench.lib.common import OUT, peak_rss_mib, table, write_json
+
+S = {"type": "string", "maxLength": 40}
+INT = {"type": "integer", "minimum": 0, "maximum": 10000}
+OBJECT_PROMPTS = [
+    "Give three fruits and their colours as JSON.",
+    "Describe a cat as a JSON object.",
+    "Return the weather in Paris today as JSON.",
+    "List three programming languages and the year each appeared, as JSON.",
+    "Give a JSON object describing a book you like.",
+    "Make a JSON object with the capitals of France, Spain and Italy.",
+    "Write a JSON object for a user profile with a name, an age and hobbies.",
+    "Represent a shopping list of four items as a JSON object.",
+    "Give the planets of the solar system and their order as JSON.",
+    "Describe a car (brand, model, year, colour) in JSON.",
+    "Return a JSON object with today's three top tasks and their priority.",
+    "Make a JSON object describing a recipe for pancakes.",
+    "Give the days of the week and whether each is a weekday, as JSON.",
+    "Describe your favourite movie as a JSON object.",
+    "Make a JSON object with three countries and their populations.",
+]
+SCHEMAS: list[tuple[str, dict[str, Any]]] = [
+    (
+        "Give a person as JSON.",
+        {"type": "object", "properties": {"name": S, "age": INT}, "required": ["name", "age"]},
+    ),
+    (
+        "Give a product with its price and whether it is in stock.",
+        {
+            "type": "object",
+            "properties": {"name": S, "price": {"type": "number"}, "in_stock": {"type": "boolean"}},
+            "required": ["name", "price", "in_stock"],
+        },
+    ),
+    (
+        "List up to five colours.",
+        {
+            "type": "object",
+            "properties": {"colours": {"type": "array", "items": S, "maxItems": 5}},
+            "required": ["colours"],
+        },
+    ),
+    (
+        "Give an address.",
+        {
+            "type": "object",
+            "properties": {
+                "street": S,
+                "city": S,
+                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+                "country": S,
+            },
+            "required": ["street", "city", "zip", "country"],
+        },
+    ),
+    (
+        "Which direction is the sun setting in?",
+        {
+            "type": "object",
+            "properties": {"direction": {"enum": ["north", "south", "east", "west"]}},
+            "required": ["direction"],
+        },
+    ),
+    (
+        "Give three people with their ages.",
+        {
+            "type": "object",
+            "properties": {
+                "people": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {"name": S, "age": INT},
+                        "required": ["name", "age"],
+                    },
+                    "maxItems": 3,
+                }
+            },
+            "required": ["people"],
+        },
+    ),
+    (
+        "Give a company with its address.",
+        {
+            "type": "object",
+            "properties": {
+                "company": S,
+                "address": {
+                    "type": "object",
+                    "properties": {"city": S, "country": S},
+                    "required": ["city", "country"],
+                },
+            },
+            "required": ["company", "address"],
+        },
+    ),
+    (
+        "Rate this sentence's sentiment: 'I love sunny days.'",
+        {
+            "type": "object",
+            "properties": {
+                "sentiment": {"enum": ["positive", "negative", "neutral"]},
+                "score": {"type": "number"},
+            },
+            "required": ["sentiment", "score"],
+        },
+    ),
+    (
+        "Give a date and an event.",
+        {
+            "type": "object",
+            "properties": {"date": {"type": "string", "format": "date"}, "event": S},
+            "required": ["date", "event"],
+        },
+    ),
+    (
+        "Give a to-do list with done flags.",
+        {
+            "type": "object",
+            "properties": {
+                "todos": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {"task": S, "done": {"type": "boolean"}},
+                        "required": ["task", "done"],
+                    },
+                    "maxItems": 4,
+                }
+            },
+            "required": ["todos"],
+        },
+    ),
+    (
+        "Give a temperature reading in celsius.",
+        {
+            "type": "object",
+            "properties": {"celsius": {"type": "number", "minimum": -60, "maximum": 60}},
+            "required": ["celsius"],
+        },
+    ),
+    (
+        "Give a movie with its genres.",
+        {
+            "type": "object",
+            "properties": {"title": S, "genres": {"type": "array", "items": S, "maxItems": 3}, "year": INT},
+            "required": ["title", "genres", "year"],
+        },
+    ),
+    (
+        "Give a user with an optional nickname.",
+        {
+            "type": "object",
+            "properties": {"name": S, "nickname": {"type": ["string", "null"], "maxLength": 20}},
+            "required": ["name", "nickname"],
+        },
+    ),
+    (
+        "Give coordinates of a city.",
+        {
+            "type": "object",
+            "properties": {"city": S, "lat": {"type": "number"}, "lon": {"type": "number"}},
+            "required": ["city", "lat", "lon"],
+        },
+    ),
+    (
+        "Give a list of three integers between 1 and 9.",
+        {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 1, "maximum": 9},
+            "minItems": 3,
+            "maxItems": 3,
+        },
+    ),
+]
+
+
+def tasks() -> list[tuple[str, dict[str, Any] | None]]:
+    return [(p, None) for p in OBJECT_PROMPTS] + [(p + " Answer in JSON.", s) for p, s in SCHEMAS]
+
+
+FENCE = re.compile(r"```(?:json)?\s*\n(.*?)```", re.S)
+
+
+def parses(text: str, schema: dict[str, Any] | None, constrained: bool) -> bool:
+    """The answer as JSON: whole (constrained), else its first fenced block or the whole text."""
+    candidates = [text] if constrained else [m.group(1) for m in FENCE.finditer(text)][:1] or [text]
+    try:
+        doc = json.loads(candidates[0])
+    except ValueError:
+        return False
+    if schema is None:
+        return isinstance(doc, dict)
+    try:
+        jsonschema.validate(doc, schema, format_checker=jsonschema.FormatChecker())
+    except jsonschema.ValidationError:
+        return False
+    return True
+
+
+def run_mode(mode: str, max_tokens: int, sets: list[str]) -> list[dict[str, Any]]:
+    from rillet.core.llm import LLM
+    from rillet.core.sampling_params import SamplingParams
+    from rillet.core.sequence import FinishReason
+    from rillet.core.structured.spec import GrammarSpec
+
+    whitespace = "compact" if mode == "none" else mode
+    rows = []
+    with LLM(overrides=[f"structured.whitespace={whitespace}", *sets]) as llm:
+        tok = llm.tokenizer
+        todo = tasks()
+        prompts = [
+            tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
+            for p, _ in todo
+        ]
+        for label, temperature, seed in [("greedy", 0.0, None), *((f"T0.7 s{s}", 0.7, s) for s in (1, 2, 3))]:
+            params = []
+            for _, schema in todo:
+                grammar = None
+                if mode != "none":
+                    grammar = (
+                        GrammarSpec("json_object")
+                        if schema is None
+                        else GrammarSpec("json_schema", json.dumps(schema))
+                    )
+                params.append(
+                    SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, grammar=grammar)
+                )
+            t0 = time.perf_counter()
+            outs = llm.generate(prompts, params)
+            wall = time.perf_counter() - t0
+            ok = lengths = 0
+            for (_, schema), out in zip(todo, outs, strict=True):
+                o = out.outputs[0]
+                lengths += len(o.token_ids)
+                ok += o.finish_reason is FinishReason.STOP and parses(o.text, schema, mode != "none")
+            rows.append(
+                {
+                    "mode": mode,
+                    "run": label,
+                    "ok": ok,
+                    "tasks": len(todo),
+                    "ok_share": ok / len(todo),
+                    "mean_tokens": lengths / len(todo),
+                    "wall_s": wall,
+                }
+            )
+            print(rows[-1])
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--modes", nargs="+", default=["compact", "flexible", "none"], choices=["compact", "flexible", "none"]
+    )
+    ap.add_argument("--max-tokens", type=int, default=400)
+    ap.add_argument("--set", action="append", default=[], help="config overrides (e.g. graphs.enabled=off)")
+    ap.add_argument("--out", default=str(OUT / "structured_quality.json"))
+    a = ap.parse_args()
+    rows = [r for mode in a.modes for r in run_mode(mode, a.max_tokens, a.set)]
+    summary = []
+    for mode in a.modes:
+        mine = [r for r in rows if r["mode"] == mode]
+        greedy = next(r for r in mine if r["run"] == "greedy")
+        sampled = [r for r in mine if r["run"] != "greedy"]
+        summary.append(
+            {
+                "mode": mode,
+                "greedy ok": f"{greedy['ok']}/{greedy['tasks']}",
+                "greedy share": greedy["ok_share"],
+                "T0.7 share": sum(r["ok"] for r in sampled) / sum(r["tasks"] for r in sampled),
+                "mean tokens": sum(r["mean_tokens"] for r in mine) / len(mine),
+            }
+        )
+    write_json(
+        a.out,
+        {
+            "rows": rows,
+            "summary": summary,
+            "max_tokens": a.max_tokens,
+            "sets": a.set,
+            "peak_rss_mib": peak_rss_mib(),
+        },
+    )
+    print(
+        f"peak RSS {peak_rss_mib():.0f} MiB; {len(tasks())} tasks, max_tokens {a.max_tokens}; JSON: {a.out}"
+    )
+    print(table(summary, ["mode", "greedy ok", "greedy share", "T0.7 share", "mean tokens"]))
+
+
+if __name__ == "__main__":
+    main()
