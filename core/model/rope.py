@@ -129,17 +129,16 @@ class RotaryEmbedding(nn.Module):
         inv_freq, attn_factor = rope_inv_freq(head_dim, theta, scaling, model_max)
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)  # [P, D/2]
         if kind == "longrope":
-            # HF switches to the long factors once a sequence is longer than the original context;
-            # per position here: rows at and past it use them (what HF computes for a prompt that
-            # fits the original context and a generation that runs past it)
+            # One set of factors for the whole table, chosen by its length, as llama.cpp (by the
+            # context size) and vLLM (by max_model_len) do: the long factors when positions past
+            # the original context can occur. transformers switches per sequence once it grows
+            # past that length and recomputes its cache; a paged cache shared by sequences (and
+            # prefixes) keeps one set. Both agree on every sequence when the table fits the
+            # original context, and on sequences longer than it otherwise.
             assert scaling is not None
-            orig = int(scaling["original_max_position_embeddings"])
-            long_inv, _ = _longrope_inv_freq(head_dim, theta, scaling, model_max, long=True)
-            freqs[orig:] = torch.outer(torch.arange(orig, max_position, dtype=torch.float32), long_inv)
-        self.head_dim = head_dim
-        self.max_position = max_position
-        self.cos: torch.Tensor
-        self.sin: torch.Tensor
+            if max_position > int(scaling["original_max_position_embeddings"]):
+                long_inv, _ = _longrope_inv_freq(head_dim, theta, scaling, model_max, long=True)
+                freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), long_inv)
         cos, sin = freqs.cos() * attn_factor, freqs.sin() * attn_factor
         # [P, D] tables laid out for apply_rope: cos repeated, sin negated on the first half
         cos, sin = torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
