@@ -127,6 +127,8 @@ def _metadata(w: gguf.GGUFWriter, cfg: Any, model_type: str) -> None:
     if arch in ("gemma2", "gemma3"):
         _gemma_metadata(w, cfg, arch, head_dim)
     if arch == "phi3":
+        w.add_sliding_window(cfg.sliding_window or 0)
+    if arch == "phi3" and "long_factor" in rope:
         w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
         scale = cfg.max_position_embeddings / rope["original_max_position_embeddings"]
         w.add_rope_scaling_attn_factors(
@@ -174,7 +176,7 @@ def write_gguf(folder: Path, model_type: str, path: Path, quant: str | None = No
             w.add_tensor(name, gguf.quants.quantize(t, kind), raw_dtype=kind)
         else:
             w.add_tensor(name, np.ascontiguousarray(t, dtype=np.float32))
-    if GGUF_ARCH[model_type] == "phi3":
+    if "long_factor" in cfg.rope_parameters:
         for kind in ("long", "short"):
             w.add_tensor(
                 f"rope_factors_{kind}.weight", np.array(cfg.rope_parameters[f"{kind}_factor"], np.float32)
