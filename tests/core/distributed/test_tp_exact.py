@@ -1,6 +1,7 @@
 """Tensor parallelism gives the same greedy tokens as one rank, in float32: random tiny Llama /
-Mistral / Qwen2 / Gemma 2 / Qwen3-MoE (8 query / 4 KV heads) at TP=2 and the default SmolLM2 (9 query / 3 KV heads) at
-TP=3, batched, in a pool small enough to preempt, with chunked prefill and prefix-cache hits."""
+Mistral / Qwen2 / Gemma 2 / Qwen3-MoE (8 query / 4 KV heads) at TP=2 and the default SmolLM2
+(9 query / 3 KV heads) at TP=3, batched, in a pool small enough to preempt, with chunked prefill
+and prefix-cache hits."""
 
 from __future__ import annotations
 

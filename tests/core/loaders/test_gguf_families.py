@@ -48,7 +48,7 @@ def test_gguf_gives_the_folders_tokens(tiny_hf_model: Any, tmp_path: Path, famil
     folder, _ = tiny_hf_model(family)
     path = write_gguf(folder, family, tmp_path / f"{family}.gguf")
     from_hf, _ = load_hf_folder(folder)
-    from_gguf, weights = load_gguf(path, use_cache=False)
+    from_gguf, _ = load_gguf(path, use_cache=False)
     for f in dataclasses.fields(from_hf):
         a, b = getattr(from_gguf, f.name), getattr(from_hf, f.name)
         if f.name not in IGNORED:  # GGUF metadata floats are float32
