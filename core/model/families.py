@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rillet.core.config import ConfigError
 from rillet.core.model.arch import ModelArch
 
 HF_MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3")
@@ -22,11 +23,14 @@ HF_MODEL_TYPES += ("phi3", "mixtral", "qwen3_moe")
 _GEMMA = ("gemma2", "gemma3_text", "gemma3")
 
 
-class UnsupportedArchitecture(ValueError):
-    """A checkpoint of a family rillet does not run: one line naming it and the supported ones."""
+class UnsupportedArchitecture(ConfigError):
+    """A checkpoint of a family rillet does not run: one line naming it and the supported ones
+    (a config error of `model.path`: the CLI prints it and exits 2)."""
 
     def __init__(self, what: str, name: str, supported: tuple[str, ...]) -> None:
-        super().__init__(f"{what} {name!r} is not supported (supported: {', '.join(supported)})")
+        super().__init__(
+            "model.path", f"{what} {name!r} is not supported (supported: {', '.join(supported)})"
+        )
 
 
 def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
