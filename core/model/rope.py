@@ -139,6 +139,10 @@ class RotaryEmbedding(nn.Module):
             if max_position > int(scaling["original_max_position_embeddings"]):
                 long_inv, _ = _longrope_inv_freq(head_dim, theta, scaling, model_max, long=True)
                 freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), long_inv)
+        self.head_dim = head_dim
+        self.max_position = max_position
+        self.cos: torch.Tensor
+        self.sin: torch.Tensor
         cos, sin = freqs.cos() * attn_factor, freqs.sin() * attn_factor
         # [P, D] tables laid out for apply_rope: cos repeated, sin negated on the first half
         cos, sin = torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
