@@ -2,15 +2,11 @@
 
 Weights are raw parameters used through `F.linear` (no nn.Linear submodules: fewer Python calls
 per layer, which is most of a CPU decode step after the matmuls). q/k/v are fused into one
-projection ([Hq*D | Hkv*D | Hkv*D] rows) and gate/up into another ([I | I] rows); an MoE layer
-holds its experts stacked (moe.py). `load_weights` takes Hugging Face names (weights.py) and fills
-those slices. `forward` returns the hidden states after the final norm; `compute_logits` applies
-the LM head to the rows the caller selected.
-
-A layer: h = norm(x); attention (q/k norms per head, RoPE of its kind, sliding window and
-soft-cap passed to the backend); [norm of the output]; residual add; then the same around the
-MLP (gated dense or routed experts). Norm weights are stored as applied: Gemma's (1 + w) is
-added at load time, so every norm is one `F.rms_norm`.
+projection ([Hq*D | Hkv*D | Hkv*D] rows), gate/up into another ([I | I] rows); an MoE layer holds
+its experts stacked (moe.py). `load_weights` fills those slices from Hugging Face names
+(weights.py). A layer: norm, attention (per-head q/k norms, its RoPE, its window and soft-cap),
+[a norm of its output], residual; the same around the MLP (dense or routed experts). Norm weights
+are stored as applied (Gemma's 1 + w is added at load time): every norm is one `F.rms_norm`.
 """
 
 from __future__ import annotations
@@ -246,10 +242,9 @@ class DecoderModel(nn.Module):
         """CPU decode speed: every projection (and expert) to weight-only int4, the LM head to int8
         (an int4 head changed greedy answers, see Int8Weight). The MoE router stays dense.
 
-        Call after the weights are loaded. The model's dtype stays the activation dtype: float32
-        keeps the residual stream, norms, RoPE, attention and logits in fp32 (llama.cpp's split),
-        and only the weight reads are low-precision. The embedding table stays dense (a step reads
-        one row of it per token); with tied embeddings the head gets its own int8 copy.
+        After loading. The model's dtype stays the activation dtype: float32 keeps the residual
+        stream, norms, RoPE, attention and logits in fp32 (llama.cpp's split). The embedding table
+        stays dense (a step reads one row per token); a tied head gets its own int8 copy.
         """
         dtype = self.embed_tokens.dtype
         if dtype not in (torch.float32, torch.bfloat16):
@@ -303,10 +298,8 @@ def allocate_kv_cache(
     pattern left in never-written memory would turn that into NaN.
     """
     shape = (num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
+    zeros = torch.zeros
     return [
-        (
-            torch.zeros(shape, dtype=dtype, device=device),
-            torch.zeros(shape, dtype=dtype, device=device),
-        )
+        (zeros(shape, dtype=dtype, device=device), zeros(shape, dtype=dtype, device=device))
         for _ in range(arch.num_layers)
     ]

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import torch
-from gguf_export import write_gguf
 from rillet.core.attention.base import AttentionMetadata
 from rillet.core.config import ConfigError, config_from_dict
 from rillet.core.distributed import step_io
@@ -25,6 +24,7 @@ from rillet.core.loaders.hf import find_hf_folder, iter_safetensors, load_hf_fol
 from rillet.core.model.shapes import SHAPES
 from rillet.core.model.weights import canonical_parts
 from rillet.core.runner.step_inputs import StepInputs
+from tiny_models.gguf_export import write_gguf
 from tp_helpers import TINY_TP
 
 KEY = "parallel.tensor_parallel_size"

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import torch
-from gguf_export import write_gguf
 from rillet.core.config import config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.loaders.gguf import load_gguf
@@ -20,6 +19,7 @@ from rillet.core.loaders.hf import load_hf_folder
 from rillet.core.model.decoder import DecoderModel
 from rillet.core.quant.int4 import Int4Experts
 from rillet.core.sampling_params import SamplingParams
+from tiny_models.gguf_export import write_gguf
 
 FAMILIES = ["llama", "qwen3", "gemma2", "gemma3_text", "phi3", "mixtral", "qwen3_moe"]
 PROMPTS = [[(7 * i + 3 * k) % 250 + 1 for k in range(n)] for i, n in enumerate([3, 17, 9, 30, 20])]

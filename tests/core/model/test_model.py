@@ -29,6 +29,7 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
         {"hidden_size": 96, "num_attention_heads": 6, "tie_word_embeddings": True, "rope_theta": 100000.0},
     ),
     "mistral": ("mistral", {"sliding_window": None}),
+    "mistral-window": ("mistral", {"sliding_window": 6}),  # every layer slides
     "qwen2-bias-linear": (
         "qwen2",
         {"tie_word_embeddings": True, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
