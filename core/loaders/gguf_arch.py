@@ -217,8 +217,9 @@ def _gemma(name: str, key: Any, f: dict[str, Any]) -> dict[str, Any]:
         "final_softcap": float(final) if final else None,
         "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
     }
-    if window and int(window) < f["max_position"]:
-        out |= {"sliding_window": int(window), "sliding_layers": sliding}
+    if window:  # a window as long as the context masks nothing: the layers keep their kind (and RoPE)
+        out["sliding_layers"] = sliding
+        out["sliding_window"] = int(window) if int(window) < f["max_position"] else None
     if name == "gemma3":
         out["rope_local_theta"] = float(key("rope.freq_base_swa", 10000.0))
     return out

@@ -43,7 +43,7 @@ class ModelArch:
     attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before softmax (Gemma 2)
     final_softcap: float | None = None  # the same on the logits (Gemma 2)
     sliding_window: int | None = None  # a sliding layer attends to its last `sliding_window` positions
-    sliding_layers: tuple[int, ...] = ()  # indices of the sliding-window layers; the rest are global
+    sliding_layers: tuple[int, ...] = ()  # indices of the sliding layers (None window: unmasked)
     rope_local_theta: float | None = None  # RoPE base of sliding layers, unscaled (Gemma 3)
     # ---- mixture of experts (num_experts 0: none) --------------------------------------------
     num_experts: int = 0
@@ -61,11 +61,15 @@ class ModelArch:
         """The sliding window of `layer`, None for a global (full-context) layer."""
         return self.sliding_window if layer in self.sliding_layers else None
 
+    @property
+    def has_windows(self) -> bool:
+        return self.sliding_window is not None and bool(self.sliding_layers)
+
     def is_moe_layer(self, layer: int) -> bool:
         return self.num_experts > 0 and layer not in self.dense_layers
 
     @property
-    def uses_local_rope(self) -> bool:
+    def uses_local_rope(self) -> bool:  # Gemma 3's sliding layers, whatever their window
         return self.rope_local_theta is not None and bool(self.sliding_layers)
 
     def to_json(self) -> str:

@@ -49,7 +49,7 @@ class DecoderLayer(nn.Module):
         self.scale = arch.attn_scale
         self.window = arch.layer_window(index)
         self.softcap = arch.attn_softcap
-        self.local_rope = self.window is not None and arch.uses_local_rope
+        self.local_rope = index in arch.sliding_layers and arch.uses_local_rope
         self.act = activation(arch.hidden_act)
         self.backend = backend
         self.attn_norm = _param((h,), dtype)

@@ -33,10 +33,30 @@ class UnsupportedArchitecture(ConfigError):
         )
 
 
+# Gemma3TextConfig's defaults: a multimodal Gemma 3's `text_config` lists only what differs
+_GEMMA3_TEXT = {
+    "vocab_size": 262208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000.0,
+    "rope_local_base_freq": 10_000.0,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "tie_word_embeddings": True,
+}
+
+
 def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """The language model's config: a multimodal Gemma 3 nests it under `text_config`."""
-    if cfg.get("model_type") == "gemma3" and isinstance(cfg.get("text_config"), dict):
-        return {**cfg["text_config"], "model_type": "gemma3_text"}
+    if cfg.get("model_type") == "gemma3":
+        top = {k: cfg[k] for k in ("eos_token_id", "bos_token_id", "tie_word_embeddings") if k in cfg}
+        return {**_GEMMA3_TEXT, **top, **(cfg.get("text_config") or {}), "model_type": "gemma3_text"}
     return cfg
 
 
@@ -67,11 +87,10 @@ def sliding_layers(cfg: dict[str, Any], n: int, window: int | None) -> tuple[int
     return tuple(range(n))  # mistral, mixtral, phi3, qwen3_moe: every layer
 
 
-def _window(cfg: dict[str, Any], max_position: int) -> int | None:
+def _window(cfg: dict[str, Any]) -> int | None:
     window = cfg.get("sliding_window")
-    if not window or not cfg.get("use_sliding_window", True) or int(window) >= max_position:
-        return None
-    return int(window)
+    on = cfg.get("use_sliding_window", not str(cfg.get("model_type")).startswith("qwen"))  # qwen*: off
+    return int(window) if window and on else None
 
 
 def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float | None]:
@@ -80,6 +99,11 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float | No
     transformers >= 5 writes `rope_parameters` (theta and scaling in one dict; for Gemma 3 one
     dict per layer type); older configs write `rope_theta` + `rope_scaling`."""
     rope = cfg.get("rope_parameters")
+    partial = (rope or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    if partial is not None and float(partial) != 1.0:
+        raise ConfigError(
+            "model.path", f"partial rotary embeddings (partial_rotary_factor {partial}) are not supported"
+        )
     local: float | None = None
     if isinstance(rope, dict) and "full_attention" in rope:  # per layer type (Gemma 3)
         local = float(rope.get("sliding_attention", {}).get("rope_theta", 10000.0))
@@ -146,7 +170,7 @@ def arch_from_hf_config(cfg: dict[str, Any]) -> ModelArch:
     heads, hidden, n = int(cfg["num_attention_heads"]), int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
     max_pos = int(cfg.get("max_position_embeddings", 4096))
     theta, scaling, local = _rope(cfg)
-    window = _window(cfg, max_pos)
+    window = _window(cfg)
     act = str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu")
     family: dict[str, Any] = (
         _gemma(cfg, hidden) if mt in _GEMMA else {"qk_norm": mt in ("qwen3", "qwen3_moe")}
@@ -169,7 +193,8 @@ def arch_from_hf_config(cfg: dict[str, Any]) -> ModelArch:
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=_eos(cfg),
         hidden_act="gelu_tanh" if act in ("gelu_pytorch_tanh", "gelu_tanh") else act,
-        sliding_window=window,
+        # a window as long as the context masks nothing: the layers keep their kind (and RoPE)
+        sliding_window=window if window is not None and window < max_pos else None,
         sliding_layers=sliding_layers(cfg, n, window),
         rope_local_theta=local,
         **family,
