@@ -227,6 +227,10 @@ class DecoderModel(nn.Module):
 
         Raises ValueError on an unknown name, a shape mismatch, or a parameter left unfilled.
         """
+        load_into(self.weight_targets(), weights, self.arch, tied=self.lm_head is None)
+
+    def weight_targets(self) -> dict[str, Target]:
+        """Canonical HF name -> (parameter, slice of it, is a norm) for every weight to load."""
         t: dict[str, Target] = {
             "model.embed_tokens.weight": (self.embed_tokens, (), False),
             "model.norm.weight": (self.norm, (), True),
@@ -236,7 +240,7 @@ class DecoderModel(nn.Module):
         for i, layer in enumerate(self.layers):
             assert isinstance(layer, DecoderLayer)
             t |= layer.weight_targets(f"model.layers.{i}.", self.arch)
-        load_into(t, weights, self.arch, tied=self.lm_head is None)
+        return t
 
     def quantize_int4(self) -> None:
         """CPU decode speed: every projection (and expert) to weight-only int4, the LM head to int8
