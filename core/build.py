@@ -122,7 +122,7 @@ def max_blocks_per_seq(cfg: RilletConfig, arch: ModelArch) -> int:
 def make_backend(
     cfg: RilletConfig, arch: ModelArch, device: torch.device, dtype: torch.dtype
 ) -> AttentionBackend:
-    sel = select_attention_backend(cfg.attention, device)
+    sel = select_attention_backend(cfg.attention, device, arch)
     for line in sel.log_lines:
         log.info("%s", line)
     if sel.prefill_backend != sel.backend:

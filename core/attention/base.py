@@ -5,6 +5,11 @@ query_start[b] : query_start[b+1]. Its context after this step is seq_lens[b] to
 last (query_start[b+1] - query_start[b]) are new, so query row i of sequence b sits at position
 seq_lens[b] - q_len_b + i and attends causally to positions <= that.
 
+Per-layer options (keyword arguments of `forward`): `scale` multiplies q.k; `window` (sliding-window
+layers) restricts query position p to keys at positions > p - window; `softcap` maps each score s
+to softcap * tanh(s / softcap) before the mask and softmax (Gemma 2). A backend that cannot do one
+raises a ValueError naming it.
+
 KV cache layout (shared by all backends, flashinfer's "NHD"):
   k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim] per layer.
 Token t of a sequence lives in block block_tables[b][t // block_size] at offset t % block_size,
@@ -72,5 +77,8 @@ class AttentionBackend(ABC):
         v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
         meta: AttentionMetadata | DecodeMetadata,
         scale: float,
+        *,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
         ...

@@ -78,6 +78,12 @@ def page_indices(
     return block_tables.reshape(-1).index_select(0, flat)
 
 
+def unsupported_options(window: int | None, softcap: float | None) -> str:
+    what = [n for n, v in (("sliding windows", window), ("attention soft-capping", softcap)) if v is not None]
+    joined = " and ".join(what)
+    return f"the flashinfer attention backend does not support {joined} yet; use attention.backend: torch"
+
+
 class FlashInferAttentionBackend(AttentionBackend):
     name = "flashinfer"
     supports_cuda_graphs = True  # forward is capturable once begin_step has planned the step
@@ -186,7 +192,13 @@ class FlashInferAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata | DecodeMetadata,  # reads slot_mapping; begin_step planned the rest
         scale: float,
+        *,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
+        if window is not None or softcap is not None:
+            # one plan() per step serves every layer; sliding and global layers would need two
+            raise ValueError(unsupported_options(window, softcap))
         if abs(scale - self.sm_scale) > 1e-6 * self.sm_scale:
             raise ValueError(f"flashinfer backend planned sm_scale {self.sm_scale}, forward got {scale}")
         return self._op(q.contiguous(), k, v, k_cache, v_cache, meta.slot_mapping)

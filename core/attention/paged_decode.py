@@ -9,6 +9,10 @@ Shapes are fixed by the caller: B rows, a block table W blocks wide. A padding r
 dummy block 0 (slot 0, context length 1) and is masked by its length like any other row; columns
 past a row's context are masked the same way, so W may be any width that covers the longest
 context in the step (the full `max_blocks_per_seq` for a CUDA graph, trimmed on CPU).
+
+Per-layer options are Python constants of the traced code: a sliding `window` adds
+`position >= seq_len - window` to the mask, `softcap` caps the scores (cap * tanh(s / cap)) before
+it. Neither branches on a tensor's value.
 """
 
 from __future__ import annotations
@@ -36,12 +40,26 @@ def paged_decode_attention(
     v_cache: torch.Tensor,
     meta: DecodeMetadata,
     scale: float,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
-    """Writes this step's K/V, then each row attends over its first seq_lens[b] cached tokens."""
+    """Writes this step's K/V, then each row attends over its first seq_lens[b] cached tokens
+    (its last `window` of them for a sliding layer)."""
     write_decode_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     if torch.compiler.is_compiling():
-        return _attend_fused(q, k_cache, v_cache, meta, scale)
-    return _attend_matmul(q, k_cache, v_cache, meta, scale)
+        return _attend_fused(q, k_cache, v_cache, meta, scale, window, softcap)
+    return _attend_matmul(q, k_cache, v_cache, meta, scale, window, softcap)
+
+
+def _valid(pos: torch.Tensor, seq_lens: torch.Tensor, window: int | None) -> torch.Tensor:
+    """pos [..] context positions, seq_lens shaped to broadcast against them -> keys a row reads."""
+    valid = pos < seq_lens
+    return valid if window is None else valid & (pos >= seq_lens - window)
+
+
+def _cap(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    return scores if softcap is None else torch.tanh(scores / softcap) * softcap
 
 
 def _attend_fused(
@@ -50,6 +68,8 @@ def _attend_fused(
     v_cache: torch.Tensor,
     meta: DecodeMetadata,
     scale: float,
+    window: int | None,
+    softcap: float | None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """The attention as two reductions over the context, for Inductor: it fuses the block gather
     into them, so each row's context is read once, in place from the cache. As matmuls (below) it
@@ -62,9 +82,9 @@ def _attend_fused(
     # [B, Hkv, W, bs, 1, D] views of the gathered blocks; Inductor reads them in place
     kt = k_cache.index_select(0, table).view(b, w, bs, hkv, 1, d).permute(0, 3, 1, 2, 4, 5)
     vt = v_cache.index_select(0, table).view(b, w, bs, hkv, 1, d).permute(0, 3, 1, 2, 4, 5)
-    scores = (qg * kt.float()).sum(-1) * scale  # [B, Hkv, W, bs, G]
+    scores = _cap((qg * kt.float()).sum(-1) * scale, softcap)  # [B, Hkv, W, bs, G]
     pos = torch.arange(w * bs, device=q.device).view(w, bs)
-    valid = pos[None] < meta.seq_lens[:, None, None]  # [B, W, bs]
+    valid = _valid(pos[None], meta.seq_lens[:, None, None], window)  # [B, W, bs]
     scores = scores.masked_fill(~valid[:, None, :, :, None], float("-inf"))
     # softmax over the context (W, bs) without merging the two axes (a merge ties W to B)
     e = torch.exp(scores - scores.amax(dim=(2, 3), keepdim=True))
@@ -79,6 +99,8 @@ def _attend_matmul(
     v_cache: torch.Tensor,
     meta: DecodeMetadata,
     scale: float,
+    window: int | None,
+    softcap: float | None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """Eager (and CUDA-graph capture): batched matmuls over the gathered contexts."""
     b, w = meta.block_tables.shape
@@ -90,7 +112,8 @@ def _attend_matmul(
     vc = v_cache.index_select(0, table).view(b, s, hkv, d)
     qg = q.view(b, hkv, q.shape[1] // hkv, d)  # [B, Hkv, G, D]: query heads grouped by kv head
     scores = torch.einsum("bhgd,bshd->bhgs", qg, kc.to(q.dtype)).float() * scale  # [B, Hkv, G, S]
-    valid = torch.arange(s, device=q.device)[None, :] < meta.seq_lens[:, None]  # [B, S]
+    scores = _cap(scores, softcap)
+    valid = _valid(torch.arange(s, device=q.device)[None, :], meta.seq_lens[:, None], window)  # [B, S]
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     p = torch.softmax(scores, dim=-1).to(q.dtype)
     o = torch.einsum("bhgs,bshd->bhgd", p, vc.to(q.dtype))  # [B, Hkv, G, D]

@@ -57,9 +57,32 @@ def probe_xformers(device: torch.device) -> str | None:
     return None
 
 
-def select_attention_backend(cfg: AttentionConfig, device: torch.device) -> AttentionSelection:
+def flashinfer_gap(arch: ModelArch | None) -> str | None:
+    """What of `arch`'s attention the flashinfer backend cannot do (None: nothing)."""
+    if arch is None:
+        return None
+    what = [
+        n for n, on in (("sliding windows", arch.sliding_layers), ("soft-capping", arch.attn_softcap)) if on
+    ]
+    return f"{' and '.join(what)} ({arch.architecture})" if what else None
+
+
+def select_attention_backend(
+    cfg: AttentionConfig, device: torch.device, arch: ModelArch | None = None
+) -> AttentionSelection:
+    """`arch`: the model, when known: one whose attention flashinfer cannot run gets torch."""
     lines: list[str] = []
-    backend = _select_decode(cfg.backend, device, lines)
+    gap = flashinfer_gap(arch)
+    if gap is not None and "flashinfer" in (cfg.backend, cfg.prefill_backend):
+        raise ConfigError(
+            "attention.backend" if cfg.backend == "flashinfer" else "attention.prefill_backend",
+            f"the flashinfer backend does not support {gap} yet; use 'auto' or 'torch'",
+        )
+    if gap is not None and cfg.backend == "auto" and device.type == "cuda":
+        lines.append(f"attention: auto -> torch (flashinfer does not support {gap} yet)")
+        backend = "torch"
+    else:
+        backend = _select_decode(cfg.backend, device, lines)
     prefill = _select_prefill(cfg.prefill_backend, backend, device, lines)
     lines.append(f"attention: decode backend {backend}, prefill backend {prefill} (device {device.type})")
     return AttentionSelection(backend, prefill, lines)
@@ -136,6 +159,7 @@ def create_attention_backend(
             block_size,
             dtype,
             device,
+            sm_scale=arch.attn_scale,
             graph_batch_sizes=graph_batch_sizes,
             max_blocks_per_seq=max_blocks_per_seq,
             prefill_backend=flashinfer_prefill_backend,

@@ -12,6 +12,8 @@ Rows past query_start[B] (batch padding, slot -1) are left zero.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from rillet.core.attention.base import AttentionBackend, AttentionMetadata, DecodeMetadata
@@ -66,26 +68,32 @@ class TorchAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata | DecodeMetadata,
         scale: float,
+        *,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
         if isinstance(meta, DecodeMetadata):  # the graph-safe decode step (compiled / captured)
-            return paged_decode_attention(q, k, v, k_cache, v_cache, meta, scale)
+            return paged_decode_attention(
+                q, k, v, k_cache, v_cache, meta, scale, window=window, softcap=softcap
+            )
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        opts = _Opts(scale, window, softcap)
         qlens, slens = meta.query_lens_cpu, meta.seq_lens_cpu
         n_pre = meta.num_prefills
         used = sum(qlens)
         if n_pre == 0 and used == q.shape[0]:
-            return self._decode(q, k_cache, v_cache, meta, 0, scale)
+            return self._decode(q, k_cache, v_cache, meta, 0, opts)
         out = torch.zeros_like(q) if used < q.shape[0] else torch.empty_like(q)
         start = 0
         for b in range(n_pre):
             end = start + qlens[b]
             if qlens[b] == slens[b]:
-                out[start:end] = _causal(q[start:end], k[start:end], v[start:end], scale)
+                out[start:end] = _causal(q[start:end], k[start:end], v[start:end], opts)
             else:
-                out[start:end] = self._chunk(q[start:end], k_cache, v_cache, meta, b, scale)
+                out[start:end] = self._chunk(q[start:end], k_cache, v_cache, meta, b, opts)
             start = end
         if n_pre < meta.num_seqs:
-            out[start:used] = self._decode(q[start:used], k_cache, v_cache, meta, n_pre, scale)
+            out[start:used] = self._decode(q[start:used], k_cache, v_cache, meta, n_pre, opts)
         return out
 
     def _chunk(
@@ -95,19 +103,21 @@ class TorchAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         b: int,
-        scale: float,
+        opts: _Opts,
     ) -> torch.Tensor:  # [L, Hq, D]
-        s, n = meta.seq_lens_cpu[b], q.shape[0]
-        nblk = -(-s // meta.block_size)
-        table = meta.block_tables[b : b + 1, :nblk]
-        kc = gather_context(k_cache, table)[:, :, :s]  # [1, Hkv, S, D]
-        vc = gather_context(v_cache, table)[:, :, :s]
-        qpos = torch.arange(s - n, s, device=q.device)
-        mask = torch.arange(s, device=q.device)[None, :] <= qpos[:, None]  # [L, S]
-        o = F.scaled_dot_product_attention(
-            q.transpose(0, 1)[None], kc, vc, attn_mask=mask, scale=scale, enable_gqa=True
-        )  # [1, Hq, L, D]
-        return o[0].transpose(0, 1)
+        s, n, bs = meta.seq_lens_cpu[b], q.shape[0], meta.block_size
+        nblk = -(-s // bs)
+        # a sliding window reaches back to the first query's position - window + 1
+        first = 0 if opts.window is None else max(0, s - n - opts.window + 1) // bs
+        table = meta.block_tables[b : b + 1, first:nblk]
+        kc = gather_context(k_cache, table)[:, :, : s - first * bs]  # [1, Hkv, S', D]
+        vc = gather_context(v_cache, table)[:, :, : s - first * bs]
+        qpos = torch.arange(s - n, s, device=q.device)[:, None]
+        kpos = torch.arange(first * bs, s, device=q.device)[None, :]
+        mask = kpos <= qpos  # [L, S']
+        if opts.window is not None:
+            mask &= kpos > qpos - opts.window
+        return _attend(q.transpose(0, 1)[None], kc, vc, mask, opts)[0].transpose(0, 1)
 
     def _decode(
         self,
@@ -116,7 +126,7 @@ class TorchAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         first: int,  # index of the first decode sequence in the batch
-        scale: float,
+        opts: _Opts,
     ) -> torch.Tensor:  # [B', Hq, D]
         table = meta.block_tables[first:]
         if self.trim_decode if self.trim_decode is not None else not q.is_cuda:
@@ -126,24 +136,60 @@ class TorchAttentionBackend(AttentionBackend):
         bsz, hkv, s, d = kc.shape
         # clamp: a padding sequence (seq_len 0) still sees one (dummy) key, so softmax stays finite
         seq_lens = meta.seq_lens[first:].clamp(min=1)
-        mask = torch.arange(s, device=q.device)[None, :] < seq_lens[:, None]  # [B', S]
+        pos = torch.arange(s, device=q.device)[None, :]
+        mask = pos < seq_lens[:, None]  # [B', S]
+        if opts.window is not None:
+            mask &= pos >= seq_lens[:, None] - opts.window
         qg = q.reshape(bsz, hkv, -1, d)  # [B', Hkv, G, D]: query heads grouped by their kv head
-        o = F.scaled_dot_product_attention(qg, kc, vc, attn_mask=mask[:, None, None, :], scale=scale)
-        return o.reshape(bsz, -1, d)
+        return _attend(qg, kc, vc, mask[:, None, None, :], opts).reshape(bsz, -1, d)
+
+
+class _Opts(NamedTuple):
+    scale: float
+    window: int | None
+    softcap: float | None
 
 
 def _causal(
     q: torch.Tensor,  # [L, Hq, D]
     k: torch.Tensor,  # [L, Hkv, D]
     v: torch.Tensor,
-    scale: float,
+    opts: _Opts,
 ) -> torch.Tensor:  # [L, Hq, D]
-    o = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None],
-        k.transpose(0, 1)[None],
-        v.transpose(0, 1)[None],
-        is_causal=True,
-        scale=scale,
-        enable_gqa=True,
-    )
+    qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+    n = q.shape[0]
+    if opts.window is not None and n <= opts.window:  # the window reaches back to position 0
+        opts = opts._replace(window=None)
+    if opts.window is None and opts.softcap is None:
+        o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=opts.scale, enable_gqa=True)
+    else:
+        pos = torch.arange(n, device=q.device)
+        mask = pos[None, :] <= pos[:, None]  # [L, L]: key <= query
+        if opts.window is not None:
+            mask &= pos[None, :] > pos[:, None] - opts.window
+        o = _attend(qt, kt, vt, mask, opts)
     return o[0].transpose(0, 1)
+
+
+def _attend(
+    q: torch.Tensor,  # [B, Hq, L, D]
+    k: torch.Tensor,  # [B, Hkv, S, D]
+    v: torch.Tensor,
+    mask: torch.Tensor,  # bool, broadcast to [B, Hq, L, S]: True = attend
+    opts: _Opts,
+) -> torch.Tensor:  # [B, Hq, L, D]
+    if opts.softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=opts.scale, enable_gqa=True)
+    return _explicit(q, k, v, mask, opts.scale, opts.softcap)
+
+
+def _explicit(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float
+) -> torch.Tensor:  # [B, Hq, L, D]: scores, soft-cap, mask, float32 softmax, weighted values
+    g = q.shape[1] // k.shape[1]
+    if g > 1:  # query head h reads kv head h // g
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)

@@ -1,9 +1,12 @@
-"""Megatron-style sharding of a Llama-family decoder over N ranks, and the checks it needs.
+"""Megatron-style sharding of a decoder over N ranks, and the checks it needs.
 
 Column-parallel (output rows split): the fused q/k/v projection by attention heads, gate/up by
 intermediate rows. Row-parallel (input columns split): o_proj by the same heads, down_proj by the
-same intermediate rows; their outputs are partial sums, completed by an all-reduce. Norms and the
-embedding are replicated; the LM head lives on rank 0 only (the sampler is there).
+same intermediate rows; their outputs are partial sums, completed by an all-reduce. MoE experts
+split the same way along their own intermediate dim (every rank holds a slice of every expert, so
+routing needs no communication: the router is replicated, like the norms and the embedding).
+The LM head lives on rank 0 only (the sampler is there). Specs name canonical tensors
+(core/model/weights.py); `compose` turns one into an index of the file tensor holding it.
 
 KV heads: with Hkv % N == 0 each rank holds Hkv / N of them; with N % Hkv == 0 each KV head is
 replicated on N / Hkv consecutive ranks (as vLLM does), which are exactly the ranks holding its
@@ -22,6 +25,7 @@ from rillet.core.quant.int4 import GROUP
 KEY = "parallel.tensor_parallel_size"
 
 Rows = tuple[int, int]  # [start, stop) along a weight's dim 0 (rows) or dim 1 (columns)
+Index = tuple[int | slice, ...]
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,21 @@ class ShardSpec:
     dim: int  # 0 = a slice of rows (column-parallel), 1 = a slice of columns (row-parallel)
     start: int
     stop: int
+
+
+def compose(part: Index, ndim: int, spec: ShardSpec | None) -> Index:
+    """The index into a file tensor of `ndim` dims of a canonical tensor's shard: `part` picks the
+    canonical tensor (ints drop dims, slices keep them), `spec` slices its dim `spec.dim`."""
+    index: list[int | slice] = [*part, *[slice(None)] * (ndim - len(part))]
+    if spec is None:
+        return tuple(index)
+    kept = [i for i, x in enumerate(index) if isinstance(x, slice)]
+    at = kept[spec.dim]
+    cur = index[at]
+    assert isinstance(cur, slice) and cur.step is None
+    base = cur.start or 0
+    index[at] = slice(base + spec.start, base + spec.stop)
+    return tuple(index)
 
 
 @dataclass(frozen=True)
@@ -57,6 +76,10 @@ class ShardPlan:
         return self.arch.intermediate_size // self.world_size
 
     @property
+    def expert_inter(self) -> int:
+        return self.arch.moe_intermediate_size // self.world_size
+
+    @property
     def keeps_lm_head(self) -> bool:
         return self.rank == 0
 
@@ -69,6 +92,7 @@ class ShardPlan:
             num_heads=self.q_heads,
             num_kv_heads=self.kv_heads,
             intermediate_size=self.inter,
+            moe_intermediate_size=self.expert_inter,
             tie_word_embeddings=a.tie_word_embeddings or not self.keeps_lm_head,
         )
 
@@ -79,7 +103,8 @@ class ShardPlan:
         q = ShardSpec(0, q0, q0 + self.q_heads * d)
         kv0 = self.first_kv_head * d
         kv = ShardSpec(0, kv0, kv0 + self.kv_heads * d)
-        i0 = self.rank * self.inter
+        inter = self.expert_inter if ".experts." in hf_name else self.inter
+        i0 = self.rank * inter
         part = hf_name.rsplit(".", 2)
         proj = part[-2] if len(part) == 3 else ""
         if proj == "q_proj":
@@ -89,9 +114,9 @@ class ShardPlan:
         if proj == "o_proj":
             return ShardSpec(1, q.start, q.stop)
         if proj in ("gate_proj", "up_proj"):
-            return ShardSpec(0, i0, i0 + self.inter)
+            return ShardSpec(0, i0, i0 + inter)
         if proj == "down_proj":
-            return ShardSpec(1, i0, i0 + self.inter)
+            return ShardSpec(1, i0, i0 + inter)
         return None
 
     def wanted(self, hf_name: str) -> bool:
@@ -113,11 +138,17 @@ def check_shardable(arch: ModelArch, n: int, int4: bool = False) -> None:
             f"{n} neither divides nor is a multiple of the KV heads: {heads}; use a divisor of {hkv} "
             f"or a multiple of it that divides {hq}",
         )
-    if inter % n:
-        raise ConfigError(KEY, f"{n} does not divide the intermediate size {inter}")
+    sizes = [("query heads x head_dim", hq * arch.head_dim)]
+    if arch.num_experts == 0 or arch.dense_layers:
+        sizes.append(("intermediate size", inter))
+    if arch.num_experts:
+        sizes.append(("experts' intermediate size", arch.moe_intermediate_size))
+    for what, size in sizes[1:]:
+        if size % n:
+            raise ConfigError(KEY, f"{n} does not divide the {what} {size}")
     if int4:
         # int4 groups run along a row-parallel shard's input dim: a shard must hold whole groups
-        for what, size in (("query heads x head_dim", hq * arch.head_dim), ("intermediate size", inter)):
+        for what, size in sizes:
             if (size // n) % GROUP:
                 raise ConfigError(
                     KEY,

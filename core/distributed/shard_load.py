@@ -1,10 +1,11 @@
 """Reading only a rank's shard of each weight, as it is read: no rank ever holds the whole model.
 
-GGUF: a 2-D tensor's rows are contiguous in the file with their quantization blocks inside each
-row, so a row shard (column-parallel) is a byte range per row set that is dequantized alone; a
-column shard (row-parallel) is a byte range inside every row when its bounds fall on block
-boundaries (always for 32-element blocks and 32-aligned shards), else the tensor is dequantized
-one weight at a time and sliced. Safetensors: `get_slice` reads just the shard's bytes.
+GGUF: a tensor's rows are contiguous in the file with their quantization blocks inside each row,
+so a row shard (column-parallel) is a byte range per row set that is dequantized alone; a column
+shard (row-parallel) is a byte range inside every row when its bounds fall on block boundaries
+(always for 32-element blocks and 32-aligned shards), else the rows are dequantized and sliced.
+Stacked experts ([E, rows, cols]) and fused projections (Phi-3's qkv) are read per canonical part
+(core/model/weights.py), each part's shard alone. Safetensors: `get_slice` reads just the shard.
 The converted-weights cache of core/loaders/gguf.py is not used here (it stores whole tensors).
 """
 
@@ -18,14 +19,16 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from rillet.core.build import make_backend, maybe_quantize
 from rillet.core.config import RilletConfig
-from rillet.core.distributed.plan import ShardPlan, ShardSpec
+from rillet.core.distributed.plan import ShardPlan, compose
 from rillet.core.loaders.dequant import dequantize
-from rillet.core.loaders.gguf import _permuted_heads, arch_from_gguf, expected_names, hf_name
+from rillet.core.loaders.gguf import check_complete
+from rillet.core.loaders.gguf_arch import arch_from_gguf, convert_values, hf_name
 from rillet.core.loaders.gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
 from rillet.core.loaders.hf import find_hf_folder, load_hf_folder
 from rillet.core.model.arch import ModelArch
 from rillet.core.model.decoder import DecoderModel, build_model
 from rillet.core.model.shapes import shape_arch
+from rillet.core.model.weights import canonical_parts
 from rillet.core.quant.select import Quantization
 from safetensors import safe_open
 
@@ -73,60 +76,53 @@ def load_shard(
 def iter_safetensors_shard(
     files: tuple[Path, ...], plan: ShardPlan, dtype: torch.dtype
 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """`(canonical name, shard)` for every tensor this rank needs (fused and stacked file tensors
+    are read part by part, each part's shard only)."""
     for f in files:
         with safe_open(str(f), framework="pt") as st:
             for name in st.keys():  # noqa: SIM118 - safe_open is not a mapping
-                if not plan.wanted(name):
-                    continue
-                spec = plan.spec(name)
-                if spec is None:
-                    t = st.get_tensor(name)
-                else:
-                    part = st.get_slice(name)
-                    t = part[spec.start : spec.stop] if spec.dim == 0 else part[:, spec.start : spec.stop]
-                yield name, (t.to(dtype) if t.is_floating_point() else t)
+                part = st.get_slice(name)
+                shape = tuple(part.get_shape())
+                for canon, index in canonical_parts(name, shape, plan.arch):
+                    if not plan.wanted(canon):
+                        continue
+                    full = compose(index, len(shape), plan.spec(canon))
+                    t = part[full] if full else st.get_tensor(name)
+                    yield canon, (t.to(dtype) if t.is_floating_point() else t)
 
 
 def iter_gguf_shard(
     gguf: GGUFFile, plan: ShardPlan, dtype: torch.dtype
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """`(hf_name, shard)` for every tensor this rank needs, in file order."""
-    present = {hf_name(t.name) for t in gguf.tensors}
-    missing = [n for n in expected_names(plan.arch) if n not in present]
-    if missing:
-        raise ValueError(f"GGUF file lacks {len(missing)} tensors the model needs, e.g. {missing[:3]}")
+    """`(canonical name, shard)` for every tensor this rank needs, in file order."""
+    check_complete(gguf, plan.arch)
     for t in gguf.tensors:
-        name = hf_name(t.name)
-        if name is None or not plan.wanted(name):
+        name = hf_name(t.name, gguf.architecture)
+        if name is None:
             continue
-        values = _dequantize_shard(gguf, t, plan.spec(name))
-        heads = _permuted_heads(t.name, plan.arch)
-        if heads is not None:
-            # undo llama.cpp's rotary row order per head, as core/loaders/gguf.py does; a row shard
-            # holds whole heads, so the same per-head permutation applies to it
-            rows = values.shape[0]
-            half = plan.arch.head_dim // 2
-            values = values.reshape(rows // (2 * half), half, 2, -1).swapaxes(1, 2).reshape(rows, -1)
-            if len(t.shape) == 1:
-                values = values.reshape(rows)
-        src = torch.from_numpy(np.ascontiguousarray(values))
-        yield name, (src if dtype == torch.float32 else src.to(dtype))
+        for canon, index in canonical_parts(name, t.shape, plan.arch):
+            if not plan.wanted(canon):
+                continue
+            values = _dequantize_index(gguf, t, compose(index, len(t.shape), plan.spec(canon)))
+            # undo the converter's changes: a row shard of q/k holds whole heads, so the per-head
+            # permutation applies to it as to the whole tensor
+            values = convert_values(gguf.architecture, t.name, values, plan.arch)
+            src = torch.from_numpy(np.ascontiguousarray(values))
+            yield canon, (src if dtype == torch.float32 else src.to(dtype))
 
 
-def _dequantize_shard(gguf: GGUFFile, t: GGUFTensorInfo, spec: ShardSpec | None) -> np.ndarray:
-    raw = gguf.raw(t)
-    if spec is None or len(t.shape) != 2:
-        values = dequantize(raw, t.ggml_type, t.shape)
-        if spec is None:
-            return values
-        return values[spec.start : spec.stop].copy()  # a 1-D bias: small, sliced after
-    rows, cols = t.shape
-    per_row = raw.reshape(rows, -1)
-    if spec.dim == 0:
-        part = per_row[spec.start : spec.stop]
-        return dequantize(np.ascontiguousarray(part).reshape(-1), t.ggml_type, (len(part), cols))
+def _dequantize_index(gguf: GGUFFile, t: GGUFTensorInfo, index: tuple[int | slice, ...]) -> np.ndarray:
+    """t[index] dequantized, reading only its bytes: quantization blocks run along the last dim,
+    so any index of the leading dims is a choice of whole rows, and a column range on block
+    boundaries a byte range inside each row (else the rows are dequantized whole and sliced)."""
+    *lead_shape, cols = t.shape
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType(t.ggml_type)]
-    if spec.start % block or spec.stop % block:
-        return dequantize(raw, t.ggml_type, t.shape)[:, spec.start : spec.stop].copy()
-    part = per_row[:, spec.start // block * size : spec.stop // block * size]
-    return dequantize(np.ascontiguousarray(part).reshape(-1), t.ggml_type, (rows, spec.stop - spec.start))
+    rows = gguf.raw(t).reshape(*lead_shape, cols // block * size)[index[:-1]]
+    last = index[-1]
+    assert isinstance(last, slice)
+    lo, hi = last.start or 0, cols if last.stop is None else last.stop
+    if (lo, hi) != (0, cols) and (lo % block or hi % block):
+        values = dequantize(np.ascontiguousarray(rows).reshape(-1), t.ggml_type, (*rows.shape[:-1], cols))
+        return values[..., lo:hi].copy()
+    part = rows[..., lo // block * size : hi // block * size]
+    return dequantize(np.ascontiguousarray(part).reshape(-1), t.ggml_type, (*part.shape[:-1], hi - lo))

@@ -1,9 +1,8 @@
 """Loads a local Hugging Face model folder: config.json + *.safetensors (one file or sharded).
 
 Tokenizer files are only located here (`HFFolder`); reading them is core/tokenizer/tokenizer.py's job.
-transformers >= 5 writes `rope_parameters` (theta and scaling in one dict) instead of the older
-`rope_theta` + `rope_scaling`; `read_hf_config` folds it back into the older keys that
-`ModelArch.from_hf_config` reads.
+The config is read into a ModelArch by core/model/families.py (which knows transformers' older
+and newer spellings: `rope_theta` + `rope_scaling` or `rope_parameters`, `layer_types` or not).
 """
 
 from __future__ import annotations
@@ -17,11 +16,10 @@ from typing import Any
 
 import torch
 from rillet.core.model.arch import ModelArch
+from rillet.core.model.families import arch_from_hf_config
 from safetensors import safe_open
 
 logger = logging.getLogger(__name__)
-
-_SUPPORTED = ("llama", "mistral", "qwen2")
 
 
 @dataclass(frozen=True)
@@ -62,15 +60,9 @@ def find_hf_folder(path: str | Path) -> HFFolder:
 
 
 def read_hf_config(folder: HFFolder) -> dict[str, Any]:
-    """config.json with `rope_parameters` mapped to `rope_theta`/`rope_scaling` and the EOS ids
-    of generation_config.json merged in (Llama 3 lists its extra stop tokens only there)."""
+    """config.json with the EOS ids of generation_config.json merged in (Llama 3 lists its extra
+    stop tokens only there)."""
     cfg: dict[str, Any] = json.loads(folder.config.read_text())
-    rope = cfg.get("rope_parameters")
-    if isinstance(rope, dict) and "rope_theta" in rope:
-        cfg.setdefault("rope_theta", rope["rope_theta"])
-        kind = rope.get("rope_type", rope.get("type", "default"))
-        if kind != "default" and not cfg.get("rope_scaling"):
-            cfg["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
     if folder.generation_config is not None:
         gen_eos = json.loads(folder.generation_config.read_text()).get("eos_token_id")
         ids = _as_list(cfg.get("eos_token_id")) + _as_list(gen_eos)
@@ -101,12 +93,4 @@ def load_hf_folder(
 ) -> tuple[ModelArch, Iterator[tuple[str, torch.Tensor]]]:
     """-> (architecture, lazy iterator of (HF name, tensor in `dtype`)) for `DecoderModel.load_weights`."""
     folder = find_hf_folder(path)
-    cfg = read_hf_config(folder)
-    model_type = cfg.get("model_type", "llama")
-    if model_type not in _SUPPORTED:
-        raise ValueError(f"{folder.root}: model_type '{model_type}' is not supported (one of {_SUPPORTED})")
-    arch = ModelArch.from_hf_config(cfg)
-    window = cfg.get("sliding_window")
-    if window and cfg.get("use_sliding_window", True) and int(window) < arch.max_position:
-        logger.warning("%s: sliding_window=%s is ignored (full attention is used)", folder.root, window)
-    return arch, iter_safetensors(folder.weight_files, dtype)
+    return arch_from_hf_config(read_hf_config(folder)), iter_safetensors(folder.weight_files, dtype)

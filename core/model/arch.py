@@ -1,7 +1,16 @@
-"""Architecture hyper-parameters of a Llama-family decoder (Llama, Mistral, Qwen2, SmolLM2)."""
+"""Architecture hyper-parameters of a decoder, with the options that tell the families apart.
+
+The defaults describe the Llama family (Llama, Mistral, Qwen2, SmolLM2): pre-norm blocks, SwiGLU,
+one RoPE table, full causal attention. Every other family (core/model/families.py) is these
+fields set differently: Qwen3 adds per-head q/k norms; Gemma 2/3 add sandwich norms, GeGLU, an
+embedding scale, a query scale, soft-capping and sliding-window layers with their own RoPE base;
+Mixtral and Qwen3-MoE replace the MLP of their MoE layers by routed experts.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,44 +19,66 @@ from typing import Any
 class ModelArch:
     vocab_size: int
     hidden_size: int
-    intermediate_size: int
+    intermediate_size: int  # of the dense MLP (dense layers of an MoE model)
     num_layers: int
     num_heads: int
     num_kv_heads: int
     head_dim: int
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] | None = None  # HF `rope_scaling` (llama3, linear, dynamic, yarn)
+    rope_scaling: dict[str, Any] | None = None  # HF `rope_scaling` (llama3, linear, dynamic, yarn, longrope)
     max_position: int = 4096
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
-    architecture: str = "llama"  # llama | mistral | qwen2
+    architecture: str = "llama"  # the Hugging Face model_type (GGUF files: the matching one)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # ---- family options ----------------------------------------------------------------------
+    hidden_act: str = "silu"  # the MLP gate's activation: silu (SwiGLU) | gelu_tanh (GeGLU)
+    qk_norm: bool = False  # RMSNorm over each q and k head before RoPE (Qwen3, Gemma 3)
+    sandwich_norms: bool = False  # norms on the attention and MLP outputs too (Gemma 2/3)
+    norm_offset: float = 0.0  # checkpoint norm weights w scale by (norm_offset + w) (Gemma: 1)
+    embed_scale: float | None = None  # embeddings times this (Gemma: sqrt(hidden_size))
+    query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5; None: head_dim
+    attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before softmax (Gemma 2)
+    final_softcap: float | None = None  # the same on the logits (Gemma 2)
+    sliding_window: int | None = None  # a sliding layer attends to its last `sliding_window` positions
+    sliding_layers: tuple[int, ...] = ()  # indices of the sliding layers (None window: unmasked)
+    rope_local_theta: float | None = None  # RoPE base of sliding layers, unscaled (Gemma 3)
+    # ---- mixture of experts (num_experts 0: none) --------------------------------------------
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # of one expert
+    norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum to 1
+    dense_layers: tuple[int, ...] = ()  # layers of an MoE model that keep a dense MLP
+
+    @property
+    def attn_scale(self) -> float:
+        base = self.head_dim if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar
+        return float(base) ** -0.5
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of `layer`, None for a global (full-context) layer."""
+        return self.sliding_window if layer in self.sliding_layers else None
+
+    @property
+    def has_windows(self) -> bool:
+        return self.sliding_window is not None and bool(self.sliding_layers)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.num_experts > 0 and layer not in self.dense_layers
+
+    @property
+    def uses_local_rope(self) -> bool:  # Gemma 3's sliding layers, whatever their window
+        return self.rope_local_theta is not None and bool(self.sliding_layers)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
 
     @classmethod
-    def from_hf_config(cls, cfg: dict[str, Any]) -> ModelArch:
-        """From a Hugging Face `config.json` dict."""
-        heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
-        model_type = str(cfg.get("model_type", "llama"))
-        eos = cfg.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        return cls(
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            rope_scaling=cfg.get("rope_scaling"),
-            max_position=int(cfg.get("max_position_embeddings", 4096)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
-            architecture=model_type,
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=eos_ids,
-        )
+    def from_json(cls, text: str) -> ModelArch:
+        fields = json.loads(text)
+        for f in dataclasses.fields(cls):  # JSON has lists where the dataclass keeps tuples
+            if isinstance(fields.get(f.name), list):
+                fields[f.name] = tuple(fields[f.name])
+        return cls(**fields)

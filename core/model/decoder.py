@@ -1,10 +1,12 @@
-"""One Llama-family decoder (Llama, Mistral, Qwen2, SmolLM2) over a flat batch of tokens.
+"""One decoder for every supported family over a flat batch of tokens (families in arch.py).
 
 Weights are raw parameters used through `F.linear` (no nn.Linear submodules: fewer Python calls
 per layer, which is most of a CPU decode step after the matmuls). q/k/v are fused into one
-projection ([Hq*D | Hkv*D | Hkv*D] rows) and gate/up into another ([I | I] rows); `load_weights`
-takes Hugging Face Llama names and fills those slices. `forward` returns the hidden states after
-the final norm; `compute_logits` applies the LM head to the rows the caller selected.
+projection ([Hq*D | Hkv*D | Hkv*D] rows), gate/up into another ([I | I] rows); an MoE layer holds
+its experts stacked (moe.py). `load_weights` fills those slices from Hugging Face names
+(weights.py). A layer: norm, attention (per-head q/k norms, its RoPE, its window and soft-cap),
+[a norm of its output], residual; the same around the MLP (dense or routed experts). Norm weights
+are stored as applied (Gemma's 1 + w is added at load time): every norm is one `F.rms_norm`.
 """
 
 from __future__ import annotations
@@ -16,63 +18,140 @@ import torch
 import torch.nn.functional as F
 from rillet.core.attention.base import AttentionBackend, AttentionMetadata, DecodeMetadata
 from rillet.core.model.arch import ModelArch
+from rillet.core.model.mlp import activation, gated_mlp
+from rillet.core.model.moe import MoE
 from rillet.core.model.rope import RotaryEmbedding, apply_rope
-from rillet.core.quant.int4 import Int8Weight, lin, quantize_module_weights
+from rillet.core.model.weights import Target, expert_targets, load_into
+from rillet.core.quant.int4 import Int4Weight, Int8Weight, lin, quantize_module_weights
 from torch import nn
 
 logger = logging.getLogger(__name__)
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # k_cache, v_cache: [num_blocks, block_size, Hkv, D]
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin [T, 1, D]
 
 
 def _param(shape: tuple[int, ...], dtype: torch.dtype) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
 
 
+def _norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x, w.shape, w, eps)
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, arch: ModelArch, backend: AttentionBackend, dtype: torch.dtype) -> None:
+    def __init__(self, arch: ModelArch, index: int, backend: AttentionBackend, dtype: torch.dtype) -> None:
         super().__init__()
         h, d, inter = arch.hidden_size, arch.head_dim, arch.intermediate_size
         qkv = (arch.num_heads + 2 * arch.num_kv_heads) * d
         self.n_q, self.n_kv, self.head_dim = arch.num_heads, arch.num_kv_heads, d
         self.eps = arch.rms_norm_eps
-        self.scale = d**-0.5
+        self.scale = arch.attn_scale
+        self.window = arch.layer_window(index)
+        self.softcap = arch.attn_softcap
+        self.local_rope = index in arch.sliding_layers and arch.uses_local_rope
+        self.act = activation(arch.hidden_act)
         self.backend = backend
-        self.input_layernorm = _param((h,), dtype)
-        self.qkv_weight = _param((qkv, h), dtype)
+        self.attn_norm = _param((h,), dtype)
+        self.qkv_weight: nn.Parameter | Int4Weight = _param((qkv, h), dtype)
         self.qkv_bias = _param((qkv,), dtype) if arch.attention_bias else None
-        self.o_weight = _param((h, self.n_q * d), dtype)
-        self.post_attention_layernorm = _param((h,), dtype)
-        self.gate_up_weight = _param((2 * inter, h), dtype)
-        self.down_weight = _param((h, inter), dtype)
-        # Tensor parallelism (core/distributed/): o_proj and down_proj are row-parallel shards, so
-        # their outputs are partial sums that this all-reduce completes (in the residual's dtype:
-        # int4 shards return bf16); None on one rank.
+        self.q_norm = _param((d,), dtype) if arch.qk_norm else None
+        self.k_norm = _param((d,), dtype) if arch.qk_norm else None
+        self.o_weight: nn.Parameter | Int4Weight = _param((h, self.n_q * d), dtype)
+        self.attn_out_norm = _param((h,), dtype) if arch.sandwich_norms else None
+        self.mlp_norm = _param((h,), dtype)
+        self.mlp_out_norm = _param((h,), dtype) if arch.sandwich_norms else None
+        self.moe: MoE | None = None
+        self.gate_up_weight: nn.Parameter | Int4Weight | None = None
+        self.down_weight: nn.Parameter | Int4Weight | None = None
+        if arch.is_moe_layer(index):
+            e, k, i = arch.num_experts, arch.num_experts_per_tok, arch.moe_intermediate_size
+            self.moe = MoE(e, k, h, i, arch.norm_topk_prob, arch.hidden_act, dtype)
+        else:
+            self.gate_up_weight = _param((2 * inter, h), dtype)
+            self.down_weight = _param((h, inter), dtype)
+        # Tensor parallelism (core/distributed/): o_proj and down_proj (the experts' too) are
+        # row-parallel shards, so their outputs are partial sums that this all-reduce completes;
+        # None on one rank.
         self.all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def _reduce(self, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        # int4 projections return bf16: widened to the residual's dtype (exact)
+        y = y.to(dtype)
+        return y if self.all_reduce is None else self.all_reduce(y)
 
     def forward(
         self,
         x: torch.Tensor,  # [T, H] residual stream
-        cos: torch.Tensor,  # [T, 1, D/2]
-        sin: torch.Tensor,
+        rope: Rope,  # this layer's kind of RoPE
         kv_cache: KVCache,
         meta: AttentionMetadata | DecodeMetadata,
     ) -> torch.Tensor:  # [T, H]
         t, d, nq, nkv = x.shape[0], self.head_dim, self.n_q, self.n_kv
-        h = F.rms_norm(x, self.input_layernorm.shape, self.input_layernorm, self.eps)
-        # int4 projections return bf16 (core/quant): widened back to the residual's dtype here, or by
-        # type promotion in the adds below, so in a float32 model only matmul operands are rounded
+        cos, sin = rope
+        h = _norm(x, self.attn_norm, self.eps)
         qkv = lin(h, self.qkv_weight, self.qkv_bias).to(x.dtype)  # [T, (Hq + 2 Hkv) * D]
-        # q and k share positions: rotate them as one [T, Hq + Hkv, D] view
-        qk = apply_rope(qkv[:, : (nq + nkv) * d].view(t, nq + nkv, d), cos, sin)
+        if self.q_norm is None or self.k_norm is None:
+            # q and k share positions: rotate them as one [T, Hq + Hkv, D] view
+            qk = apply_rope(qkv[:, : (nq + nkv) * d].view(t, nq + nkv, d), cos, sin)
+            q, k = qk[:, :nq], qk[:, nq:]
+        else:
+            q = apply_rope(_norm(qkv[:, : nq * d].view(t, nq, d), self.q_norm, self.eps), cos, sin)
+            k = apply_rope(
+                _norm(qkv[:, nq * d : (nq + nkv) * d].view(t, nkv, d), self.k_norm, self.eps), cos, sin
+            )
         v = qkv[:, (nq + nkv) * d :].view(t, nkv, d)
-        o = self.backend.forward(qk[:, :nq], qk[:, nq:], v, kv_cache[0], kv_cache[1], meta, self.scale)
-        attn = lin(o.reshape(t, nq * d), self.o_weight)  # [T, H]
-        x = x + (attn if self.all_reduce is None else self.all_reduce(attn.to(x.dtype)))
-        h = F.rms_norm(x, self.post_attention_layernorm.shape, self.post_attention_layernorm, self.eps)
-        gate, up = lin(h, self.gate_up_weight).chunk(2, dim=-1)  # [T, I] each
-        mlp = lin(F.silu(gate.to(x.dtype)) * up, self.down_weight)  # [T, H]
-        return x + (mlp if self.all_reduce is None else self.all_reduce(mlp.to(x.dtype)))
+        o = self.backend.forward(
+            q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, window=self.window, softcap=self.softcap
+        )
+        a = self._reduce(lin(o.reshape(t, nq * d), self.o_weight), x.dtype)  # [T, H]
+        x = x + (a if self.attn_out_norm is None else _norm(a, self.attn_out_norm, self.eps))
+        h = _norm(x, self.mlp_norm, self.eps)
+        if self.moe is not None:
+            m = self.moe(h)
+        else:
+            assert self.gate_up_weight is not None and self.down_weight is not None
+            m = gated_mlp(h, self.gate_up_weight, self.down_weight, self.act, x.dtype)
+        m = self._reduce(m, x.dtype)
+        return x + (m if self.mlp_out_norm is None else _norm(m, self.mlp_out_norm, self.eps))
+
+    def weight_targets(self, p: str, a: ModelArch) -> dict[str, Target]:
+        """Canonical HF names of this layer (prefix `p`) -> (parameter, slice, is a norm)."""
+        q, kv, inter = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.intermediate_size
+        t: dict[str, Target] = {}
+        rows = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}
+        for proj, (lo, hi) in rows.items():
+            t[f"{p}self_attn.{proj}.weight"] = (_as_param(self.qkv_weight), (slice(lo, hi),), False)
+            if self.qkv_bias is not None:
+                t[f"{p}self_attn.{proj}.bias"] = (self.qkv_bias, (slice(lo, hi),), False)
+        t[f"{p}self_attn.o_proj.weight"] = (_as_param(self.o_weight), (), False)
+        norms = {
+            "input_layernorm": self.attn_norm,
+            "self_attn.q_norm": self.q_norm,
+            "self_attn.k_norm": self.k_norm,
+        }
+        if a.sandwich_norms:  # Gemma: post_attention_layernorm is the norm on the attention output
+            norms |= {
+                "post_attention_layernorm": self.attn_out_norm,
+                "pre_feedforward_layernorm": self.mlp_norm,
+            }
+            norms["post_feedforward_layernorm"] = self.mlp_out_norm
+        else:
+            norms["post_attention_layernorm"] = self.mlp_norm
+        t |= {f"{p}{n}.weight": (w, (), True) for n, w in norms.items() if w is not None}
+        if self.moe is not None:
+            return t | expert_targets(p, self.moe.router, self.moe.gate_up, self.moe.down, a)
+        gate_up = _as_param(self.gate_up_weight)
+        t[f"{p}mlp.gate_proj.weight"] = (gate_up, (slice(0, inter),), False)
+        t[f"{p}mlp.up_proj.weight"] = (gate_up, (slice(inter, 2 * inter),), False)
+        t[f"{p}mlp.down_proj.weight"] = (_as_param(self.down_weight), (), False)
+        return t
+
+
+def _as_param(w: object) -> nn.Parameter:
+    if not isinstance(w, nn.Parameter):
+        raise ValueError("load_weights: the model's weights are already quantized")
+    return w
 
 
 class DecoderModel(nn.Module):
@@ -88,19 +167,29 @@ class DecoderModel(nn.Module):
         self.backend = backend
         vocab, h = arch.vocab_size, arch.hidden_size
         self.embed_tokens = _param((vocab, h), dtype)
-        self.layers = nn.ModuleList(DecoderLayer(arch, backend, dtype) for _ in range(arch.num_layers))
+        # Gemma: sqrt(hidden) rounded to the model dtype first, as transformers multiplies by it
+        self.embed_scale = (
+            None if arch.embed_scale is None else float(torch.tensor(arch.embed_scale, dtype=dtype))
+        )
+        self.layers = nn.ModuleList(DecoderLayer(arch, i, backend, dtype) for i in range(arch.num_layers))
         self.norm = _param((h,), dtype)
         self.lm_head = None if arch.tie_word_embeddings else _param((vocab, h), dtype)
         self.quant_head: Int8Weight | None = None  # the LM head as int8, set by quantize_int4()
         # cos/sin are computed in fp32 and stored in the model dtype, as HF casts them to the input's
+        positions = max_position or arch.max_position
         self.rope = RotaryEmbedding(
             arch.head_dim,
-            max_position or arch.max_position,
+            positions,
             arch.rope_theta,
             arch.rope_scaling,
             dtype=dtype,
             model_max_position=arch.max_position,
         )
+        self.rope_local = None  # Gemma 3's sliding layers: their own base, no scaling
+        if arch.uses_local_rope and arch.rope_local_theta is not None:
+            self.rope_local = RotaryEmbedding(
+                arch.head_dim, positions, arch.rope_local_theta, None, dtype=dtype
+            )
 
     def forward(
         self,
@@ -110,9 +199,12 @@ class DecoderModel(nn.Module):
         meta: AttentionMetadata | DecodeMetadata,
     ) -> torch.Tensor:  # [T, H], after the final norm
         x = F.embedding(input_ids, self.embed_tokens)
-        cos, sin = self.rope.cos_sin(positions)
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
+        rope = self.rope.cos_sin(positions)
+        local = rope if self.rope_local is None else self.rope_local.cos_sin(positions)
         for layer, kv in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, kv, meta)
+            x = layer(x, local if layer.local_rope else rope, kv, meta)
         return F.rms_norm(x, self.norm.shape, self.norm, self.arch.rms_norm_eps)
 
     @property
@@ -123,75 +215,49 @@ class DecoderModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] (rows of `forward`'s output) -> float32 logits [N, V]."""
         if self.quant_head is not None:
-            return self.quant_head.refine(hidden, self.quant_head(hidden).float())
-        head = self.embed_tokens if self.lm_head is None else self.lm_head
-        return lin(hidden, head).float()
+            logits = self.quant_head.refine(hidden, self.quant_head(hidden).float())
+        else:
+            head = self.embed_tokens if self.lm_head is None else self.lm_head
+            logits = lin(hidden, head).float()
+        cap = self.arch.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy Hugging Face Llama-named tensors into the fused parameters (casting dtype/device).
+        """Copy Hugging Face-named tensors into the fused parameters (casting dtype/device).
 
         Raises ValueError on an unknown name, a shape mismatch, or a parameter left unfilled.
         """
-        targets = self._weight_targets()
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and self.lm_head is None):
-                continue  # recomputed / tied to the embedding: nothing to load
-            if name not in targets:
-                raise ValueError(f"load_weights: unknown weight '{name}' for {self.arch.architecture}")
-            param, start, stop = targets[name]
-            dst = param.data if start is None else param.data[start:stop]
-            if tuple(dst.shape) != tuple(tensor.shape):
-                raise ValueError(
-                    f"load_weights: '{name}' has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}"
-                )
-            dst.copy_(tensor)
-            loaded.add(name)
-        missing = sorted(set(targets) - loaded)
-        if missing:
-            more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
-            raise ValueError(f"load_weights: missing weights {missing[:5]}{more}")
+        load_into(self.weight_targets(), weights, self.arch, tied=self.lm_head is None)
 
-    def _weight_targets(self) -> dict[str, tuple[nn.Parameter, int | None, int | None]]:
-        """HF name -> (parameter, row range or None for the whole tensor)."""
-        a = self.arch
-        q, kv, inter = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.intermediate_size
-        t: dict[str, tuple[nn.Parameter, int | None, int | None]] = {
-            "model.embed_tokens.weight": (self.embed_tokens, None, None),
-            "model.norm.weight": (self.norm, None, None),
+    def weight_targets(self) -> dict[str, Target]:
+        """Canonical HF name -> (parameter, slice of it, is a norm) for every weight to load."""
+        t: dict[str, Target] = {
+            "model.embed_tokens.weight": (self.embed_tokens, (), False),
+            "model.norm.weight": (self.norm, (), True),
         }
         if self.lm_head is not None:
-            t["lm_head.weight"] = (self.lm_head, None, None)
-        rows = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}
+            t["lm_head.weight"] = (self.lm_head, (), False)
         for i, layer in enumerate(self.layers):
-            p = f"model.layers.{i}."
             assert isinstance(layer, DecoderLayer)
-            for proj, (lo, hi) in rows.items():
-                t[f"{p}self_attn.{proj}.weight"] = (layer.qkv_weight, lo, hi)
-                if layer.qkv_bias is not None:
-                    t[f"{p}self_attn.{proj}.bias"] = (layer.qkv_bias, lo, hi)
-            t[f"{p}self_attn.o_proj.weight"] = (layer.o_weight, None, None)
-            t[f"{p}mlp.gate_proj.weight"] = (layer.gate_up_weight, 0, inter)
-            t[f"{p}mlp.up_proj.weight"] = (layer.gate_up_weight, inter, 2 * inter)
-            t[f"{p}mlp.down_proj.weight"] = (layer.down_weight, None, None)
-            t[f"{p}input_layernorm.weight"] = (layer.input_layernorm, None, None)
-            t[f"{p}post_attention_layernorm.weight"] = (layer.post_attention_layernorm, None, None)
+            t |= layer.weight_targets(f"model.layers.{i}.", self.arch)
         return t
 
     def quantize_int4(self) -> None:
-        """CPU decode speed: every projection to weight-only int4, the LM head to int8 (an int4
-        head changed greedy answers, see Int8Weight).
+        """CPU decode speed: every projection (and expert) to weight-only int4, the LM head to int8
+        (an int4 head changed greedy answers, see Int8Weight). The MoE router stays dense.
 
-        Call after the weights are loaded. The model's dtype stays the activation dtype: float32
-        keeps the residual stream, norms, RoPE, attention and logits in fp32 (llama.cpp's split),
-        and only the weight reads are low-precision. The embedding table stays dense (a step reads
-        one row of it per token); with tied embeddings the head gets its own int8 copy.
+        After loading. The model's dtype stays the activation dtype: float32 keeps the residual
+        stream, norms, RoPE, attention and logits in fp32 (llama.cpp's split). The embedding table
+        stays dense (a step reads one row per token); a tied head gets its own int8 copy.
         """
         dtype = self.embed_tokens.dtype
         if dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"int4 weights run in a float32 or bfloat16 model, not {dtype}")
         for layer in self.layers:
+            assert isinstance(layer, DecoderLayer)
             quantize_module_weights(layer, ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"))
+            if layer.moe is not None:
+                quantize_module_weights(layer.moe, ("gate_up", "down"))
         head = self.embed_tokens if self.lm_head is None else self.lm_head
         self.quant_head = Int8Weight(head.data)
         if self.lm_head is not None:
@@ -226,7 +292,8 @@ def build_model(
 def allocate_kv_cache(
     arch: ModelArch, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str
 ) -> list[KVCache]:
-    """Per layer a (k, v) pair of separate zeroed tensors [num_blocks, block_size, Hkv, D].
+    """Per layer a (k, v) pair of separate zeroed tensors [num_blocks, block_size, Hkv, D] (sliding
+    and global layers alike: a sliding layer masks what lies outside its window).
 
     Separate, not views of one pool: the compiled decode step writes the cache in place, and
     torch.compile turns a write into inputs that alias each other into a copy of their whole
@@ -235,10 +302,8 @@ def allocate_kv_cache(
     pattern left in never-written memory would turn that into NaN.
     """
     shape = (num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
+    zeros = torch.zeros
     return [
-        (
-            torch.zeros(shape, dtype=dtype, device=device),
-            torch.zeros(shape, dtype=dtype, device=device),
-        )
+        (zeros(shape, dtype=dtype, device=device), zeros(shape, dtype=dtype, device=device))
         for _ in range(arch.num_layers)
     ]

@@ -63,6 +63,21 @@ def _yarn_inv_freq(dim: int, theta: float, s: dict[str, Any], max_pos: int) -> t
     return inv_freq, float(attn)
 
 
+def _longrope_inv_freq(
+    dim: int, theta: float, s: dict[str, Any], max_pos: int, long: bool
+) -> tuple[torch.Tensor, float]:
+    """Phi-3's LongRoPE: per-frequency divisors (`short_factor` within the original context,
+    `long_factor` beyond it) and HF's attention factor."""
+    orig = int(s["original_max_position_embeddings"])
+    factor = float(s.get("factor") or max_pos / orig)
+    attn = s.get("attention_factor")
+    if attn is None:
+        attn = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    ext = torch.tensor(s["long_factor" if long else "short_factor"], dtype=torch.float32)
+    shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    return 1.0 / (ext * theta**shape), float(attn)
+
+
 def rope_inv_freq(
     head_dim: int, theta: float, scaling: dict[str, Any] | None, max_position: int
 ) -> tuple[torch.Tensor, float]:
@@ -80,12 +95,14 @@ def rope_inv_freq(
         return _llama3_inv_freq(inv_freq, s), 1.0
     if kind == "yarn":
         return _yarn_inv_freq(head_dim, theta, s, max_position)
+    if kind == "longrope":
+        return _longrope_inv_freq(head_dim, theta, s, max_position, long=False)
     if kind == "dynamic":
         # HF's dynamic NTK equals the default rope up to max_position_embeddings and only rescales
         # (per batch, statefully) beyond it; RotaryEmbedding refuses positions past that length.
         return inv_freq, 1.0
     raise NotImplementedError(
-        f"rope: rope_type '{kind}' is not supported (default, linear, llama3, yarn, dynamic)"
+        f"rope: rope_type '{kind}' is not supported (default, linear, llama3, yarn, dynamic, longrope)"
     )
 
 
@@ -111,6 +128,17 @@ class RotaryEmbedding(nn.Module):
             )
         inv_freq, attn_factor = rope_inv_freq(head_dim, theta, scaling, model_max)
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)  # [P, D/2]
+        if kind == "longrope":
+            # One set of factors for the whole table, chosen by its length, as llama.cpp (by the
+            # context size) and vLLM (by max_model_len) do: the long factors when positions past
+            # the original context can occur. transformers switches per sequence once it grows
+            # past that length and recomputes its cache; a paged cache shared by sequences (and
+            # prefixes) keeps one set. Both agree on every sequence when the table fits the
+            # original context, and on sequences longer than it otherwise.
+            assert scaling is not None
+            if max_position > int(scaling["original_max_position_embeddings"]):
+                long_inv, _ = _longrope_inv_freq(head_dim, theta, scaling, model_max, long=True)
+                freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), long_inv)
         self.head_dim = head_dim
         self.max_position = max_position
         self.cos: torch.Tensor

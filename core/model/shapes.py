@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from rillet.core.config import ConfigError
 from rillet.core.model.arch import ModelArch
 
@@ -61,6 +63,26 @@ SHAPES: dict[str, ModelArch] = {
         eos_token_ids=(2,),
     ),
 }
+
+# An MoE shape and two dense ones around it (bench/engine/moe_dispatch.py): the same attention and
+# vocabulary, an MLP as wide as the MoE's two active experts, and one as wide as all eight.
+_MOE_BASE = ModelArch(
+    vocab_size=_VOCAB,
+    hidden_size=1024,
+    intermediate_size=1024,
+    num_layers=12,
+    num_heads=16,
+    num_kv_heads=4,
+    head_dim=64,
+    max_position=4096,
+    tie_word_embeddings=True,
+    eos_token_ids=(2,),
+)
+SHAPES["moe-8x1k"] = dataclasses.replace(
+    _MOE_BASE, architecture="mixtral", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=1024
+)
+SHAPES["moe-8x1k-dense-active"] = dataclasses.replace(_MOE_BASE, intermediate_size=2 * 1024)
+SHAPES["moe-8x1k-dense-total"] = dataclasses.replace(_MOE_BASE, intermediate_size=8 * 1024)
 
 
 def shape_arch(name: str) -> ModelArch:

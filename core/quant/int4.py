@@ -48,6 +48,9 @@ def _groups(weight: torch.Tensor) -> torch.Tensor:  # [N, K] -> [N, K/G, G] floa
 class Int4Weight(nn.Module):
     """Stands in for a [N, K] weight matrix; `lin(x, w, b)` dispatches on it."""
 
+    packed: torch.Tensor  # [N, K/2] uint8
+    scales_zeros: torch.Tensor  # [K/G, N, 2] bf16
+
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
         g = _groups(weight)
@@ -63,6 +66,25 @@ class Int4Weight(nn.Module):
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
         return y.view(*x.shape[:-1], self.out_features)
+
+
+class Int4Experts(nn.Module):
+    """Stands in for a stack of expert matrices [E, N, K]: each expert an Int4Weight, their packed
+    codes [E, N, K/2] and scales [E, K/G, N, 2] stacked (the MoE dispatch op takes them whole)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        experts = [Int4Weight(w) for w in weight]
+        self.num_experts, self.out_features, self.in_features = weight.shape
+        self.register_buffer("packed", torch.stack([e.packed for e in experts]))
+        self.register_buffer("scales_zeros", torch.stack([e.scales_zeros for e in experts]))
+
+
+def int4_expert_mm(
+    x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor, e: int
+) -> torch.Tensor:  # x [M, K] any float -> [M, N] bf16, with expert e of an Int4Experts' buffers
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed[e], GROUP, scales_zeros[e])
+    return out  # type: ignore[no-any-return]
 
 
 class Int8Weight(nn.Module):
@@ -117,11 +139,12 @@ def lin(
 
 
 def quantize_module_weights(module: nn.Module, names: tuple[str, ...]) -> None:
-    """Replaces the named 2-D parameters of `module` by Int4Weight stand-ins (in place)."""
+    """Replaces the named 2-D (3-D: stacked experts) parameters of `module` by Int4Weight
+    (Int4Experts) stand-ins, in place."""
     for name in names:
         param = getattr(module, name)
-        if isinstance(param, Int4Weight) or param is None:
+        if isinstance(param, Int4Weight | Int4Experts) or param is None:
             continue
-        q = Int4Weight(param.data)
+        q = Int4Experts(param.data) if param.dim() == 3 else Int4Weight(param.data)
         delattr(module, name)
         setattr(module, name, q)

@@ -5,8 +5,9 @@ a GGUF at its own quantization: serving a Q4_1 file in float32 would read ~6x mo
 step than the file holds. It needs, all at once: the CPU (the only int4 kernel), a torch with that
 kernel, `model.dtype` auto or bfloat16 (an explicit float32/float16 asks for full-precision
 weights; auto runs float32 activations around the int4 weights, bfloat16 bf16 ones), and a
-GGUF whose layer matrices (2-D `blk.*` tensors, by element count; the embedding / output head and
-the norms are left out, as llama.cpp keeps them wider on purpose) are mostly 4-bit ggml types.
+GGUF whose layer matrices (2-D `blk.*` tensors and 3-D stacked experts, by element count; the
+embedding / output head and the norms are left out, as llama.cpp keeps them wider on purpose) are
+mostly 4-bit ggml types.
 Only the GGUF header is read (tensor infos); nothing is dequantized.
 
 Re-grouping the 4-bit blocks to int4 group-32 min/max is lossless for Q4_1 and Q4_K (an affine
@@ -17,6 +18,7 @@ own quantization step.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 from pathlib import Path
 from typing import Literal
 
@@ -61,8 +63,9 @@ def resolve_quantization(
 
 
 def _layer_matrices(f: GGUFFile) -> list[GGUFTensorInfo]:
-    """The 2-D `blk.*` tensors: the projections int4 replaces (norms are 1-D)."""
-    return [t for t in f.tensors if t.name.startswith("blk.") and len(t.shape) == 2]
+    """The 2-D and 3-D `blk.*` tensors: the projections and stacked experts int4 replaces (norms
+    are 1-D)."""
+    return [t for t in f.tensors if t.name.startswith("blk.") and len(t.shape) >= 2]
 
 
 def four_bit_fraction(f: GGUFFile) -> float:
@@ -71,7 +74,7 @@ def four_bit_fraction(f: GGUFFile) -> float:
 
     total = low = 0
     for t in _layer_matrices(f):
-        n = t.shape[0] * t.shape[1]
+        n = prod(t.shape)
         total += n
         low += n if GGMLQuantizationType(t.ggml_type).name in FOUR_BIT_TYPES else 0
     return low / total if total else 0.0
@@ -81,7 +84,7 @@ def _from_gguf(f: GGUFFile) -> QuantChoice:
     share = four_bit_fraction(f)
     if share <= 0.5:
         return QuantChoice("none", f"only {share:.0%} of the GGUF layer weights are 4-bit or lower")
-    odd = [t.name for t in _layer_matrices(f) if t.shape[1] % GROUP]  # [N, K]: groups run along K
+    odd = [t.name for t in _layer_matrices(f) if t.shape[-1] % GROUP]  # [.., N, K]: groups run along K
     if odd:
         return QuantChoice("none", f"{odd[0]} has an input dim not a multiple of {GROUP}")
     return QuantChoice("int4", f"{share:.0%} of the GGUF layer weights are 4-bit, on CPU")

@@ -91,3 +91,17 @@ def render_chat_template(
         raise ChatTemplateError(str(exc)) from exc
     except (TypeError, ValueError, KeyError, AttributeError) as exc:  # e.g. `str + None` inside the template
         raise ChatTemplateError(f"chat template failed on these messages: {exc}") from exc
+
+
+def fold_system_message(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Leading system messages joined onto the first user message ("<system>\n\n<user>"), or
+    sent as a user message when no user message follows them: for templates with no system role."""
+    n = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
+    if n == 0:
+        return messages
+    system = "\n\n".join(str(m.get("content") or "") for m in messages[:n])
+    rest = messages[n:]
+    if rest and rest[0].get("role") == "user":
+        first = rest[0]
+        return [{**first, "content": f"{system}\n\n{first.get('content') or ''}"}, *rest[1:]]
+    return [{"role": "user", "content": system}, *rest]

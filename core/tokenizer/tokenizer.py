@@ -18,7 +18,9 @@ from typing import Any, Literal
 from rillet.core.loaders.gguf_file import read_gguf
 from rillet.core.tokenizer.chat_template import (
     DEFAULT_CHAT_TEMPLATE,
+    ChatTemplateError,
     compile_chat_template,
+    fold_system_message,
     render_chat_template,
 )
 from rillet.core.tokenizer.gguf import backend_from_gguf, bytes_to_unicode, special_token_strings
@@ -43,9 +45,10 @@ class Tokenizer:
         self._backend = backend
         self.chat_template = chat_template or DEFAULT_CHAT_TEMPLATE
         self._template = compile_chat_template(self.chat_template)
+        self._special_tokens = dict(special_tokens or {})
+        self.system_role = self._accepts_system_role()
         self.bos_token_id = bos_token_id
         self.eos_token_ids = tuple(dict.fromkeys(eos_token_ids))
-        self._special_tokens = dict(special_tokens or {})
         added = backend.get_added_tokens_decoder()
         self.special_token_ids = frozenset(i for i, tok in added.items() if tok.special)
         ids = backend.get_vocab(with_added_tokens=True).values()
@@ -114,10 +117,27 @@ class Tokenizer:
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **template_vars: Any
     ) -> str:
-        """Raises `ChatTemplateError` (a ValueError) for messages the template rejects."""
+        """Raises `ChatTemplateError` (a ValueError) for messages the template rejects.
+
+        A template without a system role (Gemma 2's raises on one) gets the system message folded
+        into the first user turn, as Gemma 3's template does itself: "<system>\n\n<user>"."""
+        if not self.system_role:
+            messages = fold_system_message(messages)
         return render_chat_template(
             self._template, messages, add_generation_prompt, self._special_tokens, **template_vars
         )
+
+    def _accepts_system_role(self) -> bool:
+        probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+        try:
+            render_chat_template(self._template, probe, True, self._special_tokens)
+        except ChatTemplateError:
+            try:  # the template refuses something else too: leave its messages alone
+                render_chat_template(self._template, probe[1:], True, self._special_tokens)
+            except ChatTemplateError:
+                return True
+            return False
+        return True
 
     # ---- bytes per token ---------------------------------------------------------------
 

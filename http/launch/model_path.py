@@ -1,5 +1,6 @@
 """`model.path` checked before anything else starts: a clear one-line error (exit 2), not a traceback
-from deep inside a loader after the port is already bound.
+from deep inside a loader after the port is already bound. That includes a model of a family rillet
+does not run (its HF model_type or GGUF architecture, named with the supported list).
 
 Only the server's own config names a path; no request field is ever used as one (a request's
 `model` is compared with the served name and nothing else).
@@ -7,10 +8,14 @@ Only the server's own config names a path; no request field is ever used as one 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from rillet.core.config import ConfigError, RilletConfig
+from rillet.core.loaders.gguf_arch import SUPPORTED_ARCHITECTURES
+from rillet.core.loaders.gguf_file import read_gguf
+from rillet.core.model.families import HF_MODEL_TYPES, UnsupportedArchitecture
 
 GGUF_MAGIC = b"GGUF"
 
@@ -30,6 +35,7 @@ def check_model_path(cfg: RilletConfig) -> None:
             raise ConfigError("model.path", f"{path} is not a Hugging Face folder (no config.json)")
         if m.kind == "gguf":
             raise ConfigError("model.path", f"{path} is a folder, not a .gguf file")
+        _check_hf_family(path / "config.json")
         return
     if m.kind == "hf":
         raise ConfigError("model.path", f"{path} is a file, not a Hugging Face folder")
@@ -37,3 +43,19 @@ def check_model_path(cfg: RilletConfig) -> None:
         magic = f.read(len(GGUF_MAGIC))
     if magic != GGUF_MAGIC:
         raise ConfigError("model.path", f"{path} is not a GGUF file (it does not start with 'GGUF')")
+    try:
+        arch = read_gguf(path).architecture
+    except ValueError as exc:
+        raise ConfigError("model.path", str(exc)) from exc
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedArchitecture("GGUF architecture", arch, SUPPORTED_ARCHITECTURES)
+
+
+def _check_hf_family(config: Path) -> None:
+    """The folder's model_type is one rillet runs (the families of core/model/families.py)."""
+    try:
+        model_type = json.loads(config.read_text()).get("model_type", "llama")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ConfigError("model.path", f"{config} is not a readable JSON object ({exc})") from exc
+    if model_type not in HF_MODEL_TYPES:
+        raise UnsupportedArchitecture("model_type", str(model_type), HF_MODEL_TYPES)

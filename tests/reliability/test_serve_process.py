@@ -92,8 +92,16 @@ def test_engine_death_exits_non_zero_after_telling_the_clients() -> None:
         (lambda tmp: tmp / "missing.gguf", "does not exist"),
         (lambda tmp: tmp, "not a Hugging Face folder"),
         (lambda tmp: _write(tmp / "fake.gguf", b"this is no model"), "not a GGUF file"),
+        (
+            lambda tmp: _write(tmp / "config.json", b'{"model_type": "gpt2"}').parent,
+            "model_type 'gpt2' is not supported (supported: llama, mistral, qwen2, qwen3, gemma2, ",
+        ),
+        (
+            lambda tmp: _falcon_gguf(tmp / "falcon.gguf"),
+            "GGUF architecture 'falcon' is not supported (supported: llama, qwen2, qwen3, qwen3moe, gemma2, ",
+        ),
     ],
-    ids=["missing", "folder", "not-gguf"],
+    ids=["missing", "folder", "not-gguf", "unsupported-hf", "unsupported-gguf"],
 )
 def test_bad_model_path_exits_2_with_a_clear_message(tmp_path: Path, make: Any, why: str) -> None:
     path = make(tmp_path)
@@ -112,4 +120,16 @@ def test_bad_model_path_exits_2_with_a_clear_message(tmp_path: Path, make: Any, 
 
 def _write(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
+    return path
+
+
+def _falcon_gguf(path: Path) -> Path:
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "falcon")
+    w.add_block_count(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     return path

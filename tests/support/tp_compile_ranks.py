@@ -51,8 +51,8 @@ def run_rank(rank: int, world: int, port: int) -> None:
         return whole[spec.start : spec.stop] if spec.dim == 0 else whole[:, spec.start : spec.stop]
 
     weights = [
-        (name, shard(name, p.data if lo is None else p.data[lo:hi]))
-        for name, (p, lo, hi) in full._weight_targets().items()
+        (name, shard(name, p.data[where] if where else p.data))
+        for name, (p, where, _) in full.weight_targets().items()
         if plan.wanted(name)
     ]
     local.load_weights(weights)

@@ -206,7 +206,7 @@ def test_config_key_reaches_the_prefill_wrapper(
     from rillet.core.model.arch import ModelArch
 
     chosen = AttentionSelection("flashinfer", "flashinfer", [])
-    monkeypatch.setattr(build, "select_attention_backend", lambda cfg, device: chosen)
+    monkeypatch.setattr(build, "select_attention_backend", lambda cfg, device, arch=None: chosen)
     monkeypatch.setattr("rillet.core.attention.flashinfer_backend.WORKSPACE_BYTES", 1024)
     arch = ModelArch(
         vocab_size=64,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 import types
@@ -171,3 +172,53 @@ def test_create_backends(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert backend.name == "flashinfer" and backend.num_heads == 4 and backend.num_kv_heads == 2  # type: ignore[attr-defined]
     assert sum(1 for kw in made if kw.get("use_cuda_graph")) == 2  # one graph decode wrapper per bucket
+
+
+GEMMA = dataclasses.replace(
+    ARCH,
+    architecture="gemma2",
+    sliding_window=4,
+    sliding_layers=(0,),
+    attn_softcap=50.0,
+    query_pre_attn_scalar=8,
+)
+
+
+def test_models_flashinfer_cannot_run_get_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sliding windows and soft-capping are not wired into flashinfer: auto picks torch on CUDA
+    for such a model (saying why), an explicit flashinfer is a config error naming the key."""
+    _fake(monkeypatch, flashinfer=None)
+    s = sel.select_attention_backend(AttentionConfig(), CUDA, GEMMA)
+    assert (s.backend, s.prefill_backend) == ("torch", "torch")
+    assert (
+        "attention: auto -> torch (flashinfer does not support sliding windows and soft-capping (gemma2) yet)"
+        in s.log_lines
+    )
+    assert sel.select_attention_backend(AttentionConfig(), CUDA, ARCH).backend == "flashinfer"
+    with pytest.raises(
+        ConfigError, match=r"'attention\.backend': .*sliding windows and soft-capping \(gemma2\)"
+    ):
+        sel.select_attention_backend(AttentionConfig(backend="flashinfer"), CUDA, GEMMA)
+
+
+def test_flashinfer_takes_the_query_scale_and_refuses_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Wrapper:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+    fi = types.ModuleType("flashinfer")
+    fi.BatchPrefillWithPagedKVCacheWrapper = Wrapper  # type: ignore[attr-defined]
+    fi.BatchDecodeWithPagedKVCacheWrapper = Wrapper  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "flashinfer", fi)
+    monkeypatch.setattr("rillet.core.attention.flashinfer_backend.WORKSPACE_BYTES", 1024)
+    backend = sel.create_attention_backend(
+        "flashinfer", GEMMA, block_size=16, dtype=torch.float32, device=CPU
+    )
+    assert backend.sm_scale == pytest.approx(8**-0.5)  # type: ignore[attr-defined]
+    x = torch.zeros(1, 4, 4)
+    with pytest.raises(
+        ValueError, match=r"does not support sliding windows yet; use attention\.backend: torch"
+    ):
+        backend.forward(x, x, x, x, x, None, 8**-0.5, window=4)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="does not support attention soft-capping yet"):
+        backend.forward(x, x, x, x, x, None, 8**-0.5, softcap=50.0)  # type: ignore[arg-type]

@@ -1,4 +1,6 @@
-"""TorchAttentionBackend against plain SDPA over each sequence's full K/V, on shuffled block tables."""
+"""TorchAttentionBackend against plain attention over each sequence's full K/V, on shuffled block
+tables: causal, with a sliding window, with soft-capped scores; and the graph-safe decode
+(paged_decode.py), eager and compiled, with the same options."""
 
 from __future__ import annotations
 
@@ -6,27 +8,33 @@ import random
 
 import pytest
 import torch
-import torch.nn.functional as F
-from rillet.core.attention.base import AttentionMetadata
+from rillet.core.attention.base import AttentionMetadata, DecodeMetadata
+from rillet.core.attention.paged_decode import paged_decode_attention
 from rillet.core.attention.torch_backend import TorchAttentionBackend
 
 BS, HQ, HKV, D, NUM_BLOCKS = 4, 6, 2, 8, 40
 SCALE = D**-0.5
 
 
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """q [L, Hq, D] = the last L positions of a context with k, v [S, Hkv, D] -> [L, Hq, D]."""
+def reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None, softcap: float | None = None
+) -> torch.Tensor:
+    """q [L, Hq, D] = the last L positions of a context with k, v [S, Hkv, D] -> [L, Hq, D]:
+    transformers' eager attention (a window keeps keys > query - window)."""
     n, s = q.shape[0], k.shape[0]
-    mask = torch.arange(s)[None, :] <= torch.arange(s - n, s)[:, None]
+    qpos, kpos = torch.arange(s - n, s)[:, None], torch.arange(s)[None, :]
+    mask = kpos <= qpos
+    if window is not None:
+        mask &= kpos > qpos - window
     g = HQ // HKV
-    o = F.scaled_dot_product_attention(
-        q.transpose(0, 1),
-        k.repeat_interleave(g, 1).transpose(0, 1),
-        v.repeat_interleave(g, 1).transpose(0, 1),
-        attn_mask=mask,
-        scale=SCALE,
+    qt, kt, vt = (
+        x.transpose(0, 1).float() for x in (q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1))
     )
-    return o.transpose(0, 1)
+    scores = qt @ kt.transpose(1, 2) * SCALE
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    p = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return (p @ vt).transpose(0, 1).to(q.dtype)
 
 
 def run_case(
@@ -35,6 +43,8 @@ def run_case(
     seed: int,
     dtype: torch.dtype = torch.float32,
     backend: TorchAttentionBackend | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
     """Each sequence has `cached` tokens already in the cache and `new` tokens in this step; sequences
     with new > 1 or cached == 0 come first (prefills), as the engine orders them."""
@@ -78,14 +88,16 @@ def run_case(
         num_prefills=sum(1 for c, n in cached_and_new if n > 1 or c == 0),
     )
     untouched = k_cache.clone()
-    out = (backend or TorchAttentionBackend()).forward(q, k_new, v_new, k_cache, v_cache, meta, SCALE)
+    out = (backend or TorchAttentionBackend()).forward(
+        q, k_new, v_new, k_cache, v_cache, meta, SCALE, window=window, softcap=softcap
+    )
 
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     start = 0
     for b, (cached, new) in enumerate(cached_and_new):
         got = out[start : start + new]
         torch.testing.assert_close(
-            got, reference(q[start : start + new], full_k[b], full_v[b]), atol=tol, rtol=tol
+            got, reference(q[start : start + new], full_k[b], full_v[b], window, softcap), atol=tol, rtol=tol
         )
         # this step's K/V landed at its slots
         torch.testing.assert_close(k_cache.view(-1, HKV, D)[slots[b]], full_k[b][cached:], atol=0, rtol=0)
@@ -119,6 +131,15 @@ def test_decode_only_batch(pad_rows: int, trim: bool) -> None:
     run_case([(6, 1), (11, 1), (3, 1), (20, 1)], pad_rows=pad_rows, seed=4, backend=backend)
 
 
+@pytest.mark.parametrize(("window", "softcap"), [(3, None), (5, None), (None, 2.0), (4, 1.5)])
+def test_sliding_window_and_softcap(window: int | None, softcap: float | None) -> None:
+    """Fresh prompts longer and shorter than the window, chunks whose window starts blocks into
+    the cache, decodes past it; soft-capped scores through the explicit path."""
+    cases = [(0, 9), (0, 2), (5, 4), (13, 3), (10, 1), (3, 1), (22, 1)]
+    run_case(cases, pad_rows=2, seed=7, window=window, softcap=softcap)
+    run_case([(6, 1), (11, 1), (3, 1), (20, 1)], pad_rows=1, seed=8, window=window, softcap=softcap)
+
+
 def test_bf16_mixed_batch() -> None:
     run_case([(0, 5), (6, 3), (9, 1), (2, 1)], pad_rows=1, seed=5, dtype=torch.bfloat16)
 
@@ -149,3 +170,41 @@ def test_graph_style_padding_sequences_leave_real_rows_alone() -> None:
     padded = backend.forward(q, k, v, k_cache, v_cache, meta(4), SCALE)
     torch.testing.assert_close(padded[:2], alone, atol=1e-6, rtol=1e-6)
     assert torch.isfinite(padded).all()
+
+
+@pytest.mark.parametrize(
+    "compiled", [False, pytest.param(True, marks=pytest.mark.compiled)], ids=["eager", "compiled"]
+)
+@pytest.mark.parametrize(("window", "softcap"), [(None, None), (5, None), (None, 2.0), (4, 1.5)])
+def test_graph_safe_decode_window_softcap(compiled: bool, window: int | None, softcap: float | None) -> None:
+    """paged_decode_attention, eager (batched matmuls) and compiled (fused reductions): each row
+    against the reference over its own context; a padding row (seq_len 1, block 0) stays finite."""
+    gen = torch.Generator().manual_seed(9)
+    lens, width = [7, 13, 2, 20, 1], 6
+    k_cache = torch.randn(NUM_BLOCKS, BS, HKV, D, generator=gen)
+    v_cache = torch.randn(NUM_BLOCKS, BS, HKV, D, generator=gen)
+    pool = list(range(1, NUM_BLOCKS))
+    random.Random(9).shuffle(pool)
+    tables = [pool[i * width : (i + 1) * width] for i in range(4)] + [[0] * width]
+    slots = [tables[b][(n - 1) // BS] * BS + (n - 1) % BS for b, n in enumerate(lens[:4])] + [0]
+    q = torch.randn(5, HQ, D, generator=gen)
+    k, v = torch.randn(5, HKV, D, generator=gen), torch.randn(5, HKV, D, generator=gen)
+    meta = DecodeMetadata(
+        torch.tensor(slots), torch.tensor(lens, dtype=torch.int32), torch.tensor(tables, dtype=torch.int32)
+    )
+
+    def step(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor
+    ) -> torch.Tensor:
+        return paged_decode_attention(q, k, v, kc, vc, meta, SCALE, window=window, softcap=softcap)
+
+    fn = torch.compile(step, fullgraph=True, dynamic=False) if compiled else step
+    out = fn(q, k, v, k_cache, v_cache)
+    for b, n in enumerate(lens[:4]):
+        table = torch.tensor(tables[b])
+        ctx = (table[:, None] * BS + torch.arange(BS)).reshape(-1)[:n]
+        kf, vf = k_cache.view(-1, HKV, D)[ctx], v_cache.view(-1, HKV, D)[ctx]
+        torch.testing.assert_close(
+            out[b : b + 1], reference(q[b : b + 1], kf, vf, window, softcap), atol=1e-5, rtol=1e-5
+        )
+    assert torch.isfinite(out).all()

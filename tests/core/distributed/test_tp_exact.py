@@ -1,6 +1,7 @@
 """Tensor parallelism gives the same greedy tokens as one rank, in float32: random tiny Llama /
-Mistral / Qwen2 (8 query / 4 KV heads) at TP=2 and the default SmolLM2 (9 query / 3 KV heads) at
-TP=3, batched, in a pool small enough to preempt, with chunked prefill and prefix-cache hits."""
+Mistral / Qwen2 / Gemma 2 / Qwen3-MoE (8 query / 4 KV heads) at TP=2 and the default SmolLM2
+(9 query / 3 KV heads) at TP=3, batched, in a pool small enough to preempt, with chunked prefill
+and prefix-cache hits."""
 
 from __future__ import annotations
 
@@ -56,6 +57,10 @@ def tokens(outs: list[list[RequestOutput]]) -> list[list[list[int]]]:
         ("llama", {}, "on"),
         ("mistral", {"sliding_window": None}, "auto"),
         ("qwen2", {"tie_word_embeddings": True}, "auto"),
+        # a dense family with sliding windows (8), soft-caps and sandwich norms, and an MoE one
+        # (experts split along their intermediate dim, the router replicated, a dense layer)
+        ("gemma2", {}, "auto"),
+        ("qwen3_moe", {}, "auto"),
     ],
 )
 def test_tiny_models_tp2_match_tp1(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +22,9 @@ from rillet.core.loaders.gguf import arch_from_gguf, iter_gguf_weights
 from rillet.core.loaders.gguf_file import read_gguf
 from rillet.core.loaders.hf import find_hf_folder, iter_safetensors, load_hf_folder
 from rillet.core.model.shapes import SHAPES
+from rillet.core.model.weights import canonical_parts
 from rillet.core.runner.step_inputs import StepInputs
+from tiny_models.gguf_export import write_gguf
 from tp_helpers import TINY_TP
 
 KEY = "parallel.tensor_parallel_size"
@@ -88,6 +92,41 @@ def test_safetensors_shards_equal_the_whole_tensors_sliced(tiny_hf_model: Any) -
         assert ("lm_head.weight" in shards) == (rank == 0)
         for name, shard in shards.items():
             assert torch.equal(shard, _sliced(name, whole[name], plan)), (rank, name)
+
+
+def _canonical(weights: Iterator[tuple[str, torch.Tensor]], arch: Any) -> dict[str, torch.Tensor]:
+    return {c: t[i] if i else t for n, t in weights for c, i in canonical_parts(n, tuple(t.shape), arch)}
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides"),
+    [("phi3", {"rope_scaling": None}), ("mixtral", {}), ("qwen3_moe", {})],
+)
+def test_fused_and_stacked_shards_equal_the_canonical_tensors_sliced(
+    tiny_hf_model: Any, tmp_path: Path, family: str, overrides: dict[str, Any]
+) -> None:
+    """Phi-3's fused qkv / gate_up and the experts (per-expert in the folder, stacked [E, rows,
+    cols] in a Q8_0 GGUF, whose 16-column expert shards are not block-aligned) read per rank."""
+    folder, _ = tiny_hf_model(family, **TINY_TP, **overrides)
+    arch, weights = load_hf_folder(folder)
+    files = find_hf_folder(folder).weight_files
+    gguf = read_gguf(write_gguf(folder, family, tmp_path / "m.gguf", quant="Q8_0"))
+    gguf_arch = arch_from_gguf(gguf)
+    sources = [
+        (_canonical(weights, arch), lambda plan: iter_safetensors_shard(files, plan, torch.float32), arch),
+        (
+            _canonical(iter_gguf_weights(gguf, gguf_arch, torch.float32), gguf_arch),
+            lambda plan: iter_gguf_shard(gguf, plan, torch.float32),
+            gguf_arch,
+        ),
+    ]
+    for whole, shards, a in sources:
+        for rank in range(2):
+            plan = ShardPlan(a, 2, rank)
+            got = dict(shards(plan))
+            assert got.keys() == {n for n in whole if plan.wanted(n)}
+            for name, shard in got.items():
+                assert torch.equal(shard, _sliced(name, whole[name], plan)), (family, rank, name)
 
 
 def test_step_inputs_round_trip() -> None:

@@ -17,6 +17,7 @@ import pytest
 import torch
 from rillet.core.loaders import default_model as default_model
 from rillet.core.loaders import gguf as loader_gguf
+from rillet.core.loaders import gguf_arch
 from rillet.core.loaders.default_model import DefaultModelMissing, default_model_path
 from rillet.core.loaders.dequant import dequantize
 from rillet.core.loaders.gguf import expected_names, hf_name, load_gguf
@@ -49,11 +50,11 @@ def _tiny_hf_tensors(rng: np.random.Generator, tied: bool, bias: bool) -> dict[s
 
 
 def _gguf_name(hf: str) -> str:
-    names = {v: k for k, v in loader_gguf._GLOBAL_NAMES.items()}
+    names = {v: k for k, v in gguf_arch._GLOBAL_NAMES.items()}
     if hf in names:
         return names[hf]
     parts = hf.split(".")  # model.layers.{i}.{module...}.{weight|bias}
-    module = {v: k for k, v in loader_gguf._BLOCK_NAMES.items()}[".".join(parts[3:-1])]
+    module = {v: k for k, v in gguf_arch._BLOCK_NAMES.items()}[".".join(parts[3:-1])]
     return f"blk.{parts[2]}.{module}.{parts[-1]}"
 
 

@@ -29,16 +29,29 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
         {"hidden_size": 96, "num_attention_heads": 6, "tie_word_embeddings": True, "rope_theta": 100000.0},
     ),
     "mistral": ("mistral", {"sliding_window": None}),
+    "mistral-window": ("mistral", {"sliding_window": 6}),  # every layer slides
     "qwen2-bias-linear": (
         "qwen2",
         {"tie_word_embeddings": True, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
     ),
+    # the other families, as tests/conftest.py's FAMILY_DEFAULTS make them (sliding windows of 8)
+    "qwen3": ("qwen3", {}),
+    "gemma2": ("gemma2", {}),
+    "gemma3": ("gemma3_text", {}),
+    "phi3-longrope": ("phi3", {}),
+    "mixtral": ("mixtral", {}),
+    "qwen3-moe": ("qwen3_moe", {}),
 }
 
 
-def load(folder: Any, dtype: torch.dtype = torch.float32) -> DecoderModel:
+# LongRoPE picks its factors by the RoPE table's length (core/model/rope.py): a table of the
+# original 48 positions keeps the short ones, which transformers uses for these short prompts
+TABLE = {"phi3-longrope": 48}
+
+
+def load(folder: Any, dtype: torch.dtype = torch.float32, max_position: int | None = None) -> DecoderModel:
     arch, weights = load_hf_folder(folder, dtype)
-    model = build_model(arch, TorchAttentionBackend(), dtype, "cpu")
+    model = build_model(arch, TorchAttentionBackend(), dtype, "cpu", max_position)
     model.load_weights(weights)
     return model
 
@@ -137,7 +150,7 @@ def hf_greedy(hf: Any, prompt: list[int], n_new: int) -> tuple[list[int], torch.
 def test_full_prompt_logits_match_hf(tiny_hf_model: Any, name: str) -> None:
     model_type, overrides = CONFIGS[name]
     folder, hf = tiny_hf_model(model_type, **overrides)
-    model = load(folder)
+    model = load(folder, max_position=TABLE.get(name))
     prompt = torch.randint(0, 256, (23,), generator=torch.Generator().manual_seed(1)).tolist()
     with torch.no_grad():
         ref = hf(torch.tensor([prompt])).logits[0]
@@ -148,7 +161,7 @@ def test_full_prompt_logits_match_hf(tiny_hf_model: Any, name: str) -> None:
 def test_chunked_prefill_and_decode_match_hf_generate(tiny_hf_model: Any, name: str) -> None:
     model_type, overrides = CONFIGS[name]
     folder, hf = tiny_hf_model(model_type, **overrides)
-    model = load(folder)
+    model = load(folder, max_position=TABLE.get(name))
     rng = random.Random(name)
     chunkings = [[7], [5, 8], [6, 6, 9], [3], [2, 11]]
     n_new, num_blocks = 10, 48
@@ -230,6 +243,20 @@ def test_rope_table_matches_hf(tiny_hf_model: Any, scaling: dict[str, Any] | Non
     torch.testing.assert_close(cos[:, 0], cos_ref[0], atol=1e-6, rtol=0)
     unsigned = torch.cat([-sin[:, 0, :half], sin[:, 0, half:]], -1)
     torch.testing.assert_close(unsigned, sin_ref[0], atol=1e-6, rtol=0)
+
+
+def test_longrope_long_factors_past_the_original_context(tiny_hf_model: Any) -> None:
+    """A RoPE table longer than Phi-3's original context (48) holds the long factors: the logits of
+    a 60-token prompt (transformers switches to them for a sequence that long) and its table rows."""
+    folder, hf = tiny_hf_model("phi3")
+    model = load(folder)  # the whole 256 positions
+    prompt = torch.randint(0, 256, (60,), generator=torch.Generator().manual_seed(3)).tolist()
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(prefill_logits(model, prompt), ref, atol=1e-4, rtol=1e-4)
+    positions = torch.arange(256)
+    cos_ref, _ = hf.model.rotary_emb(torch.zeros(1), positions[None])  # all 256: the long factors
+    torch.testing.assert_close(model.rope.cos_sin(positions)[0][:, 0], cos_ref[0], atol=1e-6, rtol=0)
 
 
 def test_kv_cache_is_separate_zeroed_tensors_per_layer(tiny_hf_model: Any) -> None:

@@ -208,6 +208,41 @@ def test_template_globals_and_errors(ours: Tokenizer) -> None:
         sandboxed.apply_chat_template([{"role": "user", "content": "x"}])
 
 
+# Gemma 2's chat template (as its tokenizer_config.json ships it): no system role
+GEMMA2_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}"
+    "{% else %}{% set role = message['role'] %}{% endif %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
+)
+
+
+def test_template_without_a_system_role_gets_it_in_the_first_user_turn(ours: Tokenizer) -> None:
+    """Gemma 2 raises on a system message: it is folded into the first user turn, the way Gemma 3's
+    own template does; a template that takes one (ChatML) keeps it as its own turn."""
+    tok = _with_template(ours, GEMMA2_TEMPLATE)
+    assert not tok.system_role and _with_template(ours, None).system_role
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Bye"},
+    ]
+    want = (
+        "<|im_start|><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+        "<start_of_turn>model\nHello.<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+    )
+    assert tok.apply_chat_template(messages) == want
+    assert tok.apply_chat_template(messages[1:]) == want.replace("Be brief.\n\n", "")
+    with pytest.raises(ChatTemplateError, match="must alternate"):  # its other rules still hold
+        tok.apply_chat_template([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+
+
 def test_encode_and_decode_from_two_threads(ours: Tokenizer) -> None:
     expected = {t: ours.encode(t) for t in TEXTS}
     texts = {t: ours.decode(ids) for t, ids in expected.items()}
