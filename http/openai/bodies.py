@@ -16,6 +16,7 @@ class ChoiceResult:
     texts: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
+    stop_str: str | None = None  # the stop string that ended it, if one did
 
     @property
     def text(self) -> str:

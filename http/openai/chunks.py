@@ -33,6 +33,8 @@ def error_event(err: ApiError) -> bytes:
 
 
 class ChunkFormat:
+    """OpenAI chat and completions chunks: the stream layer's `EventFormat` (stream/event_format.py)."""
+
     def __init__(
         self,
         chat: bool,
@@ -43,9 +45,14 @@ class ChunkFormat:
         include_usage: bool,
         texts: TokenTexts,
         tools: bool = False,
+        echo_texts: list[str] | None = None,
+        n: int = 1,
     ) -> None:
-        """`tools`: chat with tools offered; each choice's text is read for tool calls as it streams."""
+        """`tools`: chat with tools offered; each choice's text is read for tool calls as it streams.
+        `echo_texts`: completions with echo, each prompt's text (n choices per prompt)."""
         self.chat = chat
+        self._echo = echo_texts
+        self._n = n
         self.texts = texts
         self.include_usage = include_usage
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -60,6 +67,27 @@ class ChunkFormat:
         self._null_tail = b',"logprobs":null,"finish_reason":null}]' + self._usage_field + b"}\n\n"
         self._completion_lps = [CompletionLogprobs() for _ in range(num_choices)] if not chat else []
         self.tool_parsers = [ToolCallParser() for _ in range(num_choices)] if tools else None
+
+    # ---- the EventFormat interface -------------------------------------------------------------
+    def head(self) -> bytes:
+        if self.chat:
+            return self.role()
+        return self.echo(self._echo, self._n) if self._echo else b""
+
+    def piece(self, index: int, text: str, logprobs: list[TokenLogprob] | None) -> bytes:
+        if self.tool_parsers is not None:
+            return b"".join(self.tool_text(index, text))
+        if logprobs is None:
+            if not text:  # an empty text (held-back stop prefix) is no event
+                return b""
+            return self._content_prefix[index] + _dumps(text) + self._close + self._null_tail
+        return self.content(index, text, logprobs)
+
+    def end(self, usage: Usage) -> bytes:
+        return self.usage(usage.body()) + DONE if self.include_usage else DONE
+
+    def error(self, err: ApiError) -> bytes:
+        return error_event(err) + DONE
 
     # ---- events ------------------------------------------------------------------------------
     def role(self) -> bytes:
@@ -89,7 +117,7 @@ class ChunkFormat:
             + b"}\n\n"
         )
 
-    def finish(self, index: int, reason: str) -> bytes:
+    def finish(self, index: int, reason: str, stop_str: str | None = None) -> bytes:
         head = b""
         if self.tool_parsers is not None:
             parser = self.tool_parsers[index]

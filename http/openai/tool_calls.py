@@ -74,6 +74,7 @@ class ToolCallParser:
     buf: str = ""
     calls: int = 0  # calls started so far
     after_call: bool = False  # newlines right after a closed call separate calls: not content
+    cut: bool = False  # set by finish(): the text ended inside the last call's arguments
     _args: _Args = field(default_factory=_Args)
 
     def feed(self, text: str) -> list[Event]:
@@ -99,6 +100,7 @@ class ToolCallParser:
             out.append(("content", self.buf))
         elif self.state == "head":
             out += self._whole_block(self.buf, closed=False)
+        self.cut = self.state == "args"
         self.buf, self.state = "", "text"
         return out
 
@@ -179,12 +181,22 @@ def _held(text: str) -> int:
 class ParsedCalls:
     content: str
     calls: list[tuple[str, str]]  # (name, arguments JSON text)
+    cut: bool = False  # the text ended inside the last call's arguments
+
+    def complete(self, finish_reason: str | None) -> list[tuple[str, str]]:
+        """The calls to answer as complete: all but a last one that the length limit cut (its
+        arguments are unfinished JSON; a client must never run it)."""
+        if self.cut and finish_reason == "length":
+            return self.calls[:-1]
+        return self.calls
 
 
 def parse_all(text: str) -> ParsedCalls:
     """The non-streaming path: the whole answer at once."""
     p = ToolCallParser()
-    return collect_events(p.feed(text) + p.finish())
+    parsed = collect_events(p.feed(text) + p.finish())
+    parsed.cut = p.cut
+    return parsed
 
 
 def collect_events(events: list[Event]) -> ParsedCalls:

@@ -13,6 +13,7 @@ Two paths share one `Emitter` (its coalescing state and usage counts):
   event), so a slow reader costs a few larger events, never extra work per token. The end of a
   request (its last tokens, the usage chunk, [DONE]) always goes through the pump.
 With `stream.max_delay_ms` > 0 there is no direct path: the pump's gathering wait decides when.
+What the bytes look like is the API's business: an `EventFormat` (event_format.py) per request.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from typing import Protocol
 
 from rillet.core.config import StreamConfig
 from rillet.core.outputs import SeqDelta
-from rillet.http.openai.chunks import DONE, ChunkFormat, Usage, error_event
+from rillet.http.openai.chunks import Usage
 from rillet.http.openai.errors import ApiError, finish_failure
 from rillet.http.stream.coalesce import coalesce
+from rillet.http.stream.event_format import EventFormat
 from rillet.http.stream.request_stream import RequestStream
 
 Write = Callable[[bytes], Awaitable[None]]
@@ -44,7 +46,7 @@ class Emitter:
 
     __slots__ = ("fmt", "limit", "started", "usage")
 
-    def __init__(self, fmt: ChunkFormat, usage: Usage, num_choices: int, limit: int) -> None:
+    def __init__(self, fmt: EventFormat, usage: Usage, num_choices: int, limit: int) -> None:
         self.fmt = fmt
         self.usage = usage
         self.limit = limit
@@ -60,12 +62,11 @@ class Emitter:
             failure = failure or finish_failure(piece.finish, piece.error, piece.error_kind)
             if failure is not None:
                 break
-            if fmt.tool_parsers is not None:
-                out += fmt.tool_text(piece.index, piece.text)
-            elif piece.logprobs or piece.text:  # an empty text (held-back stop prefix) is no event
-                out.append(fmt.content(piece.index, piece.text, piece.logprobs))
+            event = fmt.piece(piece.index, piece.text, piece.logprobs)
+            if event:
+                out.append(event)
             if piece.finish is not None:
-                out.append(fmt.finish(piece.index, piece.finish.value))
+                out.append(fmt.finish(piece.index, piece.finish.value, piece.stop_str))
         return out, failure
 
 
@@ -85,14 +86,15 @@ def flusher(stream: RequestStream, emitter: Emitter, direct: DirectWrite) -> Cal
 
 async def pump_sse(
     stream: RequestStream,
-    fmt: ChunkFormat,
+    fmt: EventFormat,
     usage: Usage,
     write: Write,
     cfg: StreamConfig,
     head: bytes,
     direct: DirectWrite | None = None,
 ) -> bool:
-    """Writes `head`, every event of the request, the usage chunk (if asked) and [DONE].
+    """Writes `head`, every event of the request, then the format's end (OpenAI: the usage chunk if
+    asked, and [DONE]).
 
     Returns False if the request failed (an SSE error event was sent instead of the rest).
     """
@@ -117,13 +119,11 @@ async def _pump(stream: RequestStream, emitter: Emitter, write: Write, delay: fl
             await asyncio.sleep(delay)
         out, failure = emitter.events(stream.take(), stream.failure)
         if failure is not None:
-            out += (error_event(failure), DONE)
+            out.append(emitter.fmt.error(failure))
             await write(b"".join(out))
             return False
         if stream.finished:
-            if emitter.fmt.include_usage:
-                out.append(emitter.fmt.usage(emitter.usage.body()))
-            out.append(DONE)
+            out.append(emitter.fmt.end(emitter.usage))
             await write(b"".join(out))
             return True
         if out:
