@@ -22,8 +22,11 @@ from rillet.http.stream.event_format import EventFormat
 
 class FrontEnd(Protocol):
     request_id: str
-    # sent while a stream has had no output for stream.ping_interval_s (None: no keep-alive)
-    ping: bytes | None
+
+    @property
+    def ping(self) -> bytes | None:
+        """Sent while a stream has had no output for stream.ping_interval_s (None: no keep-alive)."""
+        ...
 
     def stream_format(self) -> EventFormat: ...
 
@@ -33,7 +36,7 @@ class FrontEnd(Protocol):
 
 
 class OpenAiFront:
-    ping = None
+    ping: bytes | None = None
 
     def __init__(self, gen: GenRequest, model: str, texts: TokenTexts) -> None:
         chat = gen.kind == "chat"

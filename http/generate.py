@@ -54,10 +54,9 @@ async def run_generation(
     front: FrontEnd | None = None,
 ) -> web.StreamResponse:
     """`front`: the API answering (None: OpenAI chat or completions, from `gen.kind`)."""
-    if front is None:
-        assert state.texts is not None
-        front = OpenAiFront(gen, engine.model_name, state.texts)
-    rid = front.request_id
+    assert state.texts is not None
+    api: FrontEnd = front or OpenAiFront(gen, engine.model_name, state.texts)
+    rid = api.request_id
     engine_ids = (rid,) if len(gen.prompts) == 1 else tuple(f"{rid}-{p}" for p in range(len(gen.prompts)))
     stream = RequestStream(rid, gen.num_choices, engine_ids)
     usage = Usage([len(p) for p in gen.prompts], gen.n)
@@ -66,11 +65,11 @@ async def run_generation(
     clean = False
     try:
         if gen.stream:
-            resp, clean = await _stream(request, state, stream, usage, front)
+            resp, clean = await _stream(request, state, stream, usage, api)
             return resp
         results = await collect(stream, usage, gen.logprobs is not None)
         clean = True
-        body = front.body(results, usage)
+        body = api.body(results, usage)
         return web.Response(body=orjson.dumps(body), content_type=JSON_CONTENT_TYPE)
     finally:
         disp = state.dispatcher

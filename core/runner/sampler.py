@@ -219,8 +219,8 @@ class Sampler:
                 cols.append(token_id)
                 values.append(bias)
         if rows:
-            bias = to_device(values, torch.float32, self.device)
-            logits.index_put_((self._index(rows), self._index(cols)), bias, accumulate=True)
+            added = to_device(values, torch.float32, self.device)
+            logits.index_put_((self._index(rows), self._index(cols)), added, accumulate=True)
 
     def _penalise(self, logits: torch.Tensor, seqs: list[Seq]) -> None:
         rows = [i for i, s in enumerate(seqs) if s.params.has_penalties]
