@@ -3,10 +3,10 @@
 Read and used: `model`, `max_tokens` (required, as Anthropic), `messages`, `system`,
 `stop_sequences`, `temperature`, `top_p`, `top_k` (the SDK passes these through `extra_body`),
 `stream`, `tools`, `tool_choice`, `output_config.format` (`json_schema`: constrained as chat's
-`response_format`). Accepted and ignored: `metadata`, `thinking` (the model does not think),
-`output_config.effort`, `service_tier`, `cache_control` (the prefix cache is automatic),
-`inference_geo`, `speed`. Refused with a 400: `container`, `mcp_servers`, server tools, image and
-document blocks, a final assistant message (prefill).
+`response_format`), and the extension `ignore_eos`. Accepted and ignored: `metadata`, `thinking`
+(the model does not think), `output_config.effort`, `service_tier`, `cache_control` (the prefix
+cache is automatic), `inference_geo`, `speed`. Refused with a 400: `container`, `mcp_servers`,
+server tools, image and document blocks, a final assistant message (prefill).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from rillet.http.openai.fields import Body, opt_dict, type_name
 from rillet.http.openai.protocol import GenRequest, Limits, chat_request, check_model, render_chat_ids
 from rillet.http.openai.response_format import schema_text
 
-_SAMPLING = ("temperature", "top_p", "top_k", "max_tokens", "stream")
+_SAMPLING = ("temperature", "top_p", "top_k", "max_tokens", "stream", "ignore_eos")
 _REFUSED = ("container", "mcp_servers")
 
 

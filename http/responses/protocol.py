@@ -3,7 +3,8 @@
 Read and used: `model`, `input`, `instructions` (a system message first; not carried over by
 `previous_response_id`, as OpenAI), `max_output_tokens`, `temperature`, `top_p`, `tools`,
 `tool_choice`, `parallel_tool_calls`, `text.format`, `stream`, `store`, `previous_response_id`,
-`metadata` (echoed). Extensions a client may add (vLLM's): `top_k`, `seed`, `stop`, `logit_bias`.
+`metadata` (echoed). Extensions a client may add (vLLM's): `top_k`, `seed`, `stop`, `logit_bias`,
+`ignore_eos`.
 Accepted and ignored (the engine has nothing they could change): `reasoning`, `include` (but not
 `message.output_text.logprobs`), `truncation`, `text.verbosity`, `user`, `service_tier`,
 `safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`, `max_tool_calls`,
@@ -24,7 +25,17 @@ from rillet.http.responses.text_format import parse_text_format
 from rillet.http.responses.tools import parse_tools, tools_echo
 
 # Sampling fields handed to the chat path under the same names (max_output_tokens as max_tokens).
-_SAMPLING = ("temperature", "top_p", "top_k", "seed", "stop", "logit_bias", "max_output_tokens", "stream")
+_SAMPLING = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "logit_bias",
+    "ignore_eos",
+    "max_output_tokens",
+    "stream",
+)
 _REFUSED = ("conversation", "prompt")
 _LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
