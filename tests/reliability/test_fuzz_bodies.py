@@ -5,7 +5,7 @@ One server over the synthetic engine (no step time, max_tokens capped at 8) take
 keep-alive connection; afterwards the engine, the pool and the server must be as they were. Then
 600 almost-valid or valid-sampling bodies through a tiny real model, whose sampler the synthetic
 engine never runs.
-Strategies and checks: fuzz_lib.py (chat, completions), fuzz_apis.py (Responses, Messages). The
+Strategies and checks: fuzz_lib.py. The
 long run (10,000 cases): tests/stress/fuzz_bodies.py.
 """
 
@@ -15,8 +15,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fuzz_apis import MESSAGES, RESPONSES, ApiClient, almost_valid_api_body, random_api_body
-from fuzz_lib import almost_valid_body, random_body, sampling_body
+from fuzz_lib import (
+    MESSAGES,
+    RESPONSES,
+    Client,
+    almost_valid_api_body,
+    almost_valid_body,
+    random_api_body,
+    random_body,
+    sampling_body,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis.strategies import SearchStrategy
 from rel_helpers import CHAT, COMP, assert_all_released, assert_serves, served
@@ -51,15 +59,15 @@ def fuzz_server() -> Iterator[tuple[Any, BackgroundServer]]:
 
 
 @pytest.fixture(scope="module")
-def client(fuzz_server: tuple[Any, BackgroundServer]) -> Iterator[ApiClient]:
+def client(fuzz_server: tuple[Any, BackgroundServer]) -> Iterator[Client]:
     _, srv = fuzz_server
-    c = ApiClient(srv.host, srv.port)
+    c = Client(srv.host, srv.port)
     yield c
     c.close()
 
 
 @pytest.mark.parametrize("path", [CHAT, COMP], ids=["chat", "completions"])
-def test_random_json_bodies(client: ApiClient, path: str) -> None:
+def test_random_json_bodies(client: Client, path: str) -> None:
     kind = "chat" if path == CHAT else "completion"
 
     @FUZZ
@@ -71,7 +79,7 @@ def test_random_json_bodies(client: ApiClient, path: str) -> None:
 
 
 @pytest.mark.parametrize("path", [CHAT, COMP], ids=["chat", "completions"])
-def test_almost_valid_bodies(client: ApiClient, path: str) -> None:
+def test_almost_valid_bodies(client: Client, path: str) -> None:
     kind = "chat" if path == CHAT else "completion"
 
     @FUZZ
@@ -83,7 +91,7 @@ def test_almost_valid_bodies(client: ApiClient, path: str) -> None:
 
 
 @pytest.mark.parametrize(("path", "api"), [(RESPONSES, "responses"), (MESSAGES, "messages")])
-def test_random_json_bodies_on_the_other_apis(client: ApiClient, path: str, api: str) -> None:
+def test_random_json_bodies_on_the_other_apis(client: Client, path: str, api: str) -> None:
     @FUZZ
     @given(body=random_api_body(api))
     def run(body: bytes) -> None:
@@ -93,7 +101,7 @@ def test_random_json_bodies_on_the_other_apis(client: ApiClient, path: str, api:
 
 
 @pytest.mark.parametrize(("path", "api"), [(RESPONSES, "responses"), (MESSAGES, "messages")])
-def test_almost_valid_bodies_on_the_other_apis(client: ApiClient, path: str, api: str) -> None:
+def test_almost_valid_bodies_on_the_other_apis(client: Client, path: str, api: str) -> None:
     @FUZZ
     @given(body=almost_valid_api_body(api, "synthetic"))
     def run(body: bytes) -> None:
@@ -111,7 +119,7 @@ REGRESSIONS = [
 
 
 @pytest.mark.parametrize(("path", "body"), REGRESSIONS)
-def test_past_failures(client: ApiClient, path: str, body: bytes) -> None:
+def test_past_failures(client: Client, path: str, body: bytes) -> None:
     client.check(path, body)
 
 
@@ -129,7 +137,7 @@ def test_almost_valid_bodies_on_a_real_sampler(path: str) -> None:
     """The synthetic engine never samples: a tiny random-weight model takes sampling parameters
     (seeds, penalties, logit_bias, top-k/p, logprobs, stop ids) through the real sampler."""
     with served(*FUZZ_CONFIG, *TINY) as (engine, srv):
-        c = ApiClient(srv.host, srv.port)
+        c = Client(srv.host, srv.port)
 
         @settings(FUZZ, max_examples=SAMPLER_CASES)
         @given(body=_sampler_bodies(path, engine.model_name))
@@ -144,7 +152,7 @@ def test_almost_valid_bodies_on_a_real_sampler(path: str) -> None:
         assert_all_released(engine, srv)
 
 
-def test_server_whole_after_fuzzing(fuzz_server: tuple[Any, BackgroundServer], client: ApiClient) -> None:
+def test_server_whole_after_fuzzing(fuzz_server: tuple[Any, BackgroundServer], client: Client) -> None:
     engine, srv = fuzz_server
     print(f"fuzz: {client.cases} cases, statuses {dict(sorted(client.statuses.items()))}")
     if client.cases < 8 * CASES:
