@@ -23,6 +23,7 @@ class SeqDelta:
     completion_tokens: int  # total so far
     error: str | None = None  # with finish_reason ERROR: why this request failed (text)
     error_kind: ErrorKind | None = None  # ... and its kind
+    stop_str: str | None = None  # with finish_reason STOP: the stop string that ended it, if one did
 
 
 @dataclass(slots=True)

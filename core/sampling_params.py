@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from rillet.core.errors import RequestError
@@ -9,6 +11,7 @@ from rillet.core.structured.spec import GrammarSpec
 
 GREEDY_EPS = 1e-5  # temperatures below this are greedy (dividing by them overflows float32)
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0  # |bias| bound, as OpenAI's
 
 
 def _fail(name: str, message: str) -> None:
@@ -35,8 +38,12 @@ class SamplingParams:
     logprobs: int | None = None  # None = no logprobs; N >= 0 = sampled token + top-N
     include_stop_str_in_output: bool = False
     grammar: GrammarSpec | None = None  # the output must match it (structured outputs, forced tool calls)
+    # (token id, bias) pairs, ids ascending and distinct; added to the logits before penalties,
+    # grammar masks and sampling. A mapping {id: bias} is accepted and normalised.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:
@@ -75,6 +82,9 @@ class SamplingParams:
             not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= MAX_LOGPROBS
         ):
             _fail("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        for token_id, bias in self.logit_bias:
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                _fail("logit_bias", f"bias of token {token_id} must be in [-100, 100], got {bias!r}")
         if self.grammar is not None and self.min_tokens > 0:
             # a finished grammar allows only EOS, which min_tokens bans: no token would be left
             _fail("min_tokens", "cannot be combined with a grammar (response_format or a forced tool call)")
@@ -93,10 +103,31 @@ class SamplingParams:
 
     def plain_greedy(self, num_generated: int, eos_token_ids: tuple[int, ...]) -> bool:
         """The token is the argmax of the (grammar-masked) logits and nothing else is read from
-        them: greedy, no penalties, no logprobs, no min_tokens mask in force."""
+        them: greedy, no penalties, no logit bias, no logprobs, no min_tokens mask in force."""
         return (
             self.temperature < GREEDY_EPS
             and not self.has_penalties
+            and not self.logit_bias
             and self.logprobs is None
             and not self.min_tokens_active(num_generated, eos_token_ids)
         )
+
+
+def _bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
+    """{id: bias} or (id, bias) pairs -> pairs sorted by id; the ranges are checked by `_validate`."""
+    items = value.items() if isinstance(value, Mapping) else value
+    if not isinstance(items, Iterable):
+        raise RequestError("logit_bias", "must map token ids to numbers")
+    pairs: dict[int, float] = {}
+    for item in items:
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            raise RequestError("logit_bias", "must map token ids to numbers")
+        token_id, bias = item
+        if not isinstance(token_id, int) or isinstance(token_id, bool) or token_id < 0:
+            raise RequestError("logit_bias", f"token ids must be non-negative integers, got {token_id!r}")
+        if isinstance(bias, bool) or not isinstance(bias, int | float) or not math.isfinite(bias):
+            raise RequestError("logit_bias", f"bias of token {token_id} must be a number, got {bias!r}")
+        if token_id in pairs:
+            raise RequestError("logit_bias", f"token {token_id} is given twice")
+        pairs[token_id] = float(bias)
+    return tuple(sorted(pairs.items()))

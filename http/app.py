@@ -15,11 +15,14 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
+from rillet.http.anthropic.errors import error_json
 from rillet.http.handlers import STATE, chat_completions, completions, get_model, health, list_models, metrics
+from rillet.http.messages_api import MESSAGES_ROUTES, count_message_tokens, create_message
 from rillet.http.net.connection import ApiRequestHandler, connection_of
 from rillet.http.net.listener import ApiSite
 from rillet.http.net.responses import error_response
 from rillet.http.openai.errors import ApiError, from_http_status, headers_too_large, internal_error
+from rillet.http.responses_api import create_response, delete_response, get_response
 from rillet.http.state import ServerState
 from rillet.http.ui.routes import add_ui_routes
 
@@ -37,27 +40,32 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
         if conn is not None:
             conn.request_started(request)  # the headers are in: their deadline ends
         _check_header_size(request, state.cfg.server.max_header_bytes)
-        state.keys.check(endpoint, request.headers.get("Authorization"))
+        state.keys.check(endpoint, request.headers.get("Authorization"), request.headers.get("x-api-key"))
         resp = await handler(request)
         status = resp.status
         return resp
     except ApiError as exc:
         status = exc.status
-        return error_response(exc)
+        return _error(exc, endpoint)
     except web.HTTPException as exc:  # routing (404/405) and aiohttp's own checks
         mapped = from_http_status(exc.status, exc.reason, request.method, request.path)
         status = mapped.status
-        return error_response(mapped)
+        return _error(mapped, endpoint)
     except (asyncio.CancelledError, ConnectionResetError):
         status = 499  # client closed the request (nginx's convention), for the metrics only
         raise
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
-        return error_response(internal_error())
+        return _error(internal_error(), endpoint)
     finally:
         if conn is not None:
             conn.request_finished()
         state.metrics.requests.labels(endpoint, str(status)).inc()
+
+
+def _error(err: ApiError, endpoint: str) -> web.Response:
+    """In the shape of the API the route belongs to: Anthropic's on /v1/messages, else OpenAI's."""
+    return error_response(err, error_json(err) if endpoint in MESSAGES_ROUTES else None)
 
 
 def _check_header_size(request: web.Request, limit: int) -> None:
@@ -84,6 +92,11 @@ def build_app(state: ServerState) -> web.Application:
     app[STATE] = state
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/responses", create_response)
+    app.router.add_get("/v1/responses/{response_id}", get_response)
+    app.router.add_delete("/v1/responses/{response_id}", delete_response)
+    app.router.add_post("/v1/messages", create_message)
+    app.router.add_post("/v1/messages/count_tokens", count_message_tokens)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", get_model)
     app.router.add_get("/health", health)

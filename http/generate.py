@@ -13,14 +13,14 @@ import contextlib
 import logging
 import socket
 import time
-import uuid
 
 import orjson
 from aiohttp import web
 from rillet.core.errors import EngineDeadError, QueueFullError, RequestError
 from rillet.http.engine_api import EngineLike
-from rillet.http.openai.bodies import chat_body, completion_body
-from rillet.http.openai.chunks import ChunkFormat, Usage
+from rillet.http.front_end import FrontEnd, OpenAiFront
+from rillet.http.keepalive import keep_alive
+from rillet.http.openai.chunks import Usage
 from rillet.http.openai.errors import JSON_CONTENT_TYPE, bad_request, queue_full, unavailable
 from rillet.http.openai.protocol import GenRequest
 from rillet.http.state import ServerState
@@ -47,10 +47,16 @@ CUT_OFF_GRACE_S = 2.0
 
 
 async def run_generation(
-    request: web.Request, state: ServerState, engine: EngineLike, gen: GenRequest
+    request: web.Request,
+    state: ServerState,
+    engine: EngineLike,
+    gen: GenRequest,
+    front: FrontEnd | None = None,
 ) -> web.StreamResponse:
-    chat = gen.kind == "chat"
-    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    """`front`: the API answering (None: OpenAI chat or completions, from `gen.kind`)."""
+    assert state.texts is not None
+    api: FrontEnd = front or OpenAiFront(gen, engine.model_name, state.texts)
+    rid = api.request_id
     engine_ids = (rid,) if len(gen.prompts) == 1 else tuple(f"{rid}-{p}" for p in range(len(gen.prompts)))
     stream = RequestStream(rid, gen.num_choices, engine_ids)
     usage = Usage([len(p) for p in gen.prompts], gen.n)
@@ -59,18 +65,11 @@ async def run_generation(
     clean = False
     try:
         if gen.stream:
-            resp, clean = await _stream(request, state, engine, gen, stream, usage)
+            resp, clean = await _stream(request, state, stream, usage, api)
             return resp
         results = await collect(stream, usage, gen.logprobs is not None)
         clean = True
-        created, model, texts = int(time.time()), engine.model_name, state.texts
-        assert texts is not None
-        if chat:
-            body = chat_body(
-                rid, created, model, results, usage, texts, gen.tools is not None, gen.max_tool_calls
-            )
-        else:
-            body = completion_body(rid, created, model, results, usage, texts, gen.echo_texts)
+        body = api.body(results, usage)
         return web.Response(body=orjson.dumps(body), content_type=JSON_CONTENT_TYPE)
     finally:
         disp = state.dispatcher
@@ -86,33 +85,22 @@ async def run_generation(
 async def _stream(
     request: web.Request,
     state: ServerState,
-    engine: EngineLike,
-    gen: GenRequest,
     stream: RequestStream,
     usage: Usage,
+    front: FrontEnd,
 ) -> tuple[web.StreamResponse, bool]:
     """Returns (response, True if the request ran to its end)."""
-    assert state.texts is not None
-    fmt = ChunkFormat(
-        gen.kind == "chat",
-        stream.request_id,
-        int(time.time()),
-        engine.model_name,
-        gen.num_choices,
-        gen.include_usage,
-        state.texts,
-        tools=gen.tools is not None,
-        max_tool_calls=gen.max_tool_calls,
-    )
-    head = fmt.role() if gen.kind == "chat" else fmt.echo(gen.echo_texts, gen.n) if gen.echo_texts else b""
+    fmt = front.stream_format()
     resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
     _bound_send_buffer(request)
     timer: list[asyncio.TimerHandle] = []
     stream.on_cut = lambda: _close_after_grace(request, resp, timer)
+    cfg = state.cfg.stream
     try:
         writer = await resp.prepare(request)
         direct = transport_write(writer)
-        ok = await pump_sse(stream, fmt, usage, resp.write, state.cfg.stream, head, direct)
+        with keep_alive(stream, direct, front.ping, cfg.ping_interval_s):
+            ok = await pump_sse(stream, fmt, usage, resp.write, cfg, fmt.head(), direct)
         await resp.write_eof()
     except ConnectionResetError:  # the client went away mid-stream (aiohttp raises a subclass)
         log.debug("client of %s disconnected mid-stream", stream.request_id)

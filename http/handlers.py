@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
@@ -23,9 +23,10 @@ STATE: web.AppKey[ServerState] = web.AppKey("rillet_state", ServerState)
 _INLINE_PARSE_BYTES = 32 * 1024
 
 Parser = Callable[[dict[str, Any], Any, Limits], GenRequest]
+T = TypeVar("T")
 
 
-def _json(obj: Any, status: int = 200) -> web.Response:
+def json_response(obj: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(obj), content_type=JSON_CONTENT_TYPE)
 
 
@@ -60,22 +61,21 @@ async def _generate(request: web.Request, parser: Parser) -> web.StreamResponse:
     state.begin()
     try:
         body = await read_json(request)
-        gen = await _parse(parser, body, engine, state, request.content_length or 0)
+        limits = state.limits
+        assert limits is not None
+        gen = await off_loop(request, parser, body, engine.tokenizer, limits)
         await prepare_grammars(gen, engine, state.cfg.structured.compile_timeout_s)
         return await run_generation(request, state, engine, gen)
     finally:
         state.end()
 
 
-async def _parse(
-    parser: Parser, body: dict[str, Any], engine: EngineLike, state: ServerState, size: int
-) -> GenRequest:
-    limits = state.limits
-    assert limits is not None
-    if size <= _INLINE_PARSE_BYTES:
-        return parser(body, engine.tokenizer, limits)
+async def off_loop(request: web.Request, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)`: parsing and tokenizing a body, inline when the body is small, else on a worker."""
+    if (request.content_length or 0) <= _INLINE_PARSE_BYTES:
+        return fn(*args)
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(None, parser, body, engine.tokenizer, limits)
+    return await loop.run_in_executor(None, fn, *args)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -99,7 +99,7 @@ def _model_card(state: ServerState, engine: EngineLike) -> dict[str, Any]:
 async def list_models(request: web.Request) -> web.Response:
     state = request.app[STATE]
     engine = state.ready_engine()
-    return _json({"object": "list", "data": [_model_card(state, engine)]})
+    return json_response({"object": "list", "data": [_model_card(state, engine)]})
 
 
 async def get_model(request: web.Request) -> web.Response:
@@ -108,7 +108,7 @@ async def get_model(request: web.Request) -> web.Response:
     name = request.match_info["model"]
     if name != engine.model_name:
         raise model_not_found(name)
-    return _json(_model_card(state, engine))
+    return json_response(_model_card(state, engine))
 
 
 async def health(request: web.Request) -> web.Response:
@@ -116,7 +116,7 @@ async def health(request: web.Request) -> web.Response:
     body: dict[str, Any] = {"status": "ok" if state.phase == "ready" else state.phase}
     if state.engine is not None and state.engine.error:
         body["error"] = state.engine.error
-    return _json(body, 200 if state.phase == "ready" else 503)
+    return json_response(body, 200 if state.phase == "ready" else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -23,6 +23,7 @@ from rillet.http.net.conn_limits import ConnLimits
 from rillet.http.openai.errors import unavailable
 from rillet.http.openai.logprobs import TokenTexts
 from rillet.http.openai.protocol import Limits
+from rillet.http.responses.store import ResponseStore
 from rillet.http.stream.dispatcher import Dispatcher
 from rillet.http.ui.routes import PUBLIC_ROUTES
 
@@ -45,6 +46,7 @@ class ServerState:
         self.dispatcher: Dispatcher | None = None
         self.limits: Limits | None = None
         self.texts: TokenTexts | None = None
+        self.responses = ResponseStore(cfg.responses.store_size, cfg.responses.store_ttl_s)
         self.inflight = 0  # API requests being handled (parsing included); draining waits for 0
         self.idle = asyncio.Event()  # set whenever inflight == 0
         self.idle.set()

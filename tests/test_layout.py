@@ -131,6 +131,9 @@ def _imports_of(prefix: str) -> dict[str, set[str]]:
         ("rillet.graphs", ("rillet.graphs",)),
         # inside http: wiring -> stream -> openai; guards, metrics, ui and launch stand alone
         ("rillet.http.openai", ("rillet.http.openai", "rillet.core")),
+        # the other APIs' protocol layers: thin translators onto openai/'s chat path
+        ("rillet.http.responses", ("rillet.http.responses", "rillet.http.openai", "rillet.core")),
+        ("rillet.http.anthropic", ("rillet.http.anthropic", "rillet.http.openai", "rillet.core")),
         (
             "rillet.http.stream",
             ("rillet.http.stream", "rillet.http.openai", "rillet.http.metrics", "rillet.core"),
@@ -166,8 +169,9 @@ def _third_party(paths: list[Path], names: tuple[str, ...]) -> list[str]:
     return found
 
 
-def test_the_protocol_layer_imports_no_web_framework_and_no_torch() -> None:
-    assert _third_party(sorted((REPO / "http" / "openai").rglob("*.py")), ("aiohttp", "torch")) == []
+@pytest.mark.parametrize("layer", ["openai", "responses", "anthropic"])
+def test_the_protocol_layers_import_no_web_framework_and_no_torch(layer: str) -> None:
+    assert _third_party(sorted((REPO / "http" / layer).rglob("*.py")), ("aiohttp", "torch")) == []
 
 
 def _folders() -> Iterator[Path]:

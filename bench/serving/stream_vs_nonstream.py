@@ -1,4 +1,5 @@
-"""Does streaming cost throughput? The seed issue's measurement, with the official `openai` client.
+"""Does streaming cost throughput? The seed issue's measurement, with the official `openai` client
+(`--api chat`, the default, and `--api responses`) or the `anthropic` one (`--api messages`).
 
 For each concurrency C, batches of C simultaneous chat requests (greedy, `--max-tokens` tokens,
 ignore_eos so every request makes exactly that many) alternate between non-streaming and
@@ -15,6 +16,8 @@ non-streaming tok/s; 1.0 means streaming is free.
 
 Per batch it also reads the server's /metrics (when it has them): the engine's hand-off wait per
 step (`rillet_handoff_wait_seconds` / `rillet_engine_steps`) and the dispatcher's CPU time.
+    python -m bench.serving.stream_vs_nonstream --api responses   # /v1/responses (semantic events)
+    python -m bench.serving.stream_vs_nonstream --api messages    # /v1/messages (Anthropic events)
 
 Prints a table last and writes JSON (with the server's peak RSS when this script started it).
 """
@@ -87,8 +90,14 @@ def scrape(base_url: str) -> dict[str, float]:
     return out
 
 
-def one_request(client: openai.OpenAI, model: str, stream: bool, max_tokens: int) -> tuple[int, int, float]:
+def one_request(
+    client: Any, model: str, stream: bool, max_tokens: int, api: str = "chat"
+) -> tuple[int, int, float]:
     """(completion tokens, chunks, seconds to first content chunk or to the answer)."""
+    if api == "responses":
+        return _responses_request(client, model, stream, max_tokens)
+    if api == "messages":
+        return _messages_request(client, model, stream, max_tokens)
     t0 = time.perf_counter()
     common: dict[str, Any] = {
         "model": model,
@@ -118,20 +127,80 @@ def one_request(client: openai.OpenAI, model: str, stream: bool, max_tokens: int
     return tokens or content_chunks, chunks, ttft
 
 
+def _responses_request(
+    client: openai.OpenAI, model: str, stream: bool, max_tokens: int
+) -> tuple[int, int, float]:
+    t0 = time.perf_counter()
+    common: dict[str, Any] = {
+        "model": model,
+        "input": PROMPT,
+        "max_output_tokens": max_tokens,
+        "temperature": 0.0,
+        "extra_body": {"ignore_eos": True},
+    }
+    if not stream:
+        answer = client.responses.create(**common)
+        assert answer.usage is not None
+        return answer.usage.output_tokens, 0, time.perf_counter() - t0
+    tokens = events = 0
+    ttft = 0.0
+    for event in client.responses.create(**common, stream=True):
+        events += 1
+        if event.type == "response.output_text.delta" and not ttft:
+            ttft = time.perf_counter() - t0
+        elif event.type in ("response.completed", "response.incomplete") and event.response.usage:
+            tokens = event.response.usage.output_tokens
+    return tokens, events, ttft
+
+
+def _messages_request(client: Any, model: str, stream: bool, max_tokens: int) -> tuple[int, int, float]:
+    t0 = time.perf_counter()
+    common: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": max_tokens,
+        "extra_body": {"temperature": 0.0, "ignore_eos": True},
+    }
+    if not stream:
+        answer = client.messages.create(**common)
+        return answer.usage.output_tokens, 0, time.perf_counter() - t0
+    tokens = events = 0
+    ttft = 0.0
+    for event in client.messages.create(**common, stream=True):
+        events += 1
+        if event.type == "content_block_delta" and not ttft:
+            ttft = time.perf_counter() - t0
+        elif event.type == "message_delta":
+            tokens = event.usage.output_tokens
+    return tokens, events, ttft
+
+
+def make_clients(base_url: str, api_key: str, api: str, n: int) -> list[Any]:
+    if api == "messages":
+        import anthropic
+
+        root = base_url.removesuffix("/").removesuffix("/v1")
+        return [
+            anthropic.Anthropic(base_url=root, api_key=api_key, max_retries=0, timeout=600) for _ in range(n)
+        ]
+    return [openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=600) for _ in range(n)]
+
+
 def run_batch(
-    clients: list[openai.OpenAI],
+    clients: list[Any],
     model: str,
     stream: bool,
     max_tokens: int,
     server_pid: int | None = None,
     base_url: str | None = None,
+    api: str = "chat",
 ) -> Batch:
     results: list[tuple[int, int, float]] = [(0, 0, 0.0)] * len(clients)
     start = threading.Barrier(len(clients) + 1)
 
     def work(i: int) -> None:
         start.wait()
-        results[i] = one_request(clients[i], model, stream, max_tokens)
+        results[i] = one_request(clients[i], model, stream, max_tokens, api)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(len(clients))]
     for t in threads:
@@ -161,18 +230,16 @@ def measure(
     runs: int,
     max_tokens: int,
     server_pid: int | None = None,
+    api: str = "chat",
 ) -> dict[str, Any]:
-    clients = [
-        openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=600)
-        for _ in range(concurrency)
-    ]
-    run_batch(clients, model, False, 8)  # warm-up: first-request costs stay out of the numbers
-    run_batch(clients, model, True, 8)
+    clients = make_clients(base_url, api_key, api, concurrency)
+    run_batch(clients, model, False, 8, api=api)  # warm-up: first-request costs stay out of the numbers
+    run_batch(clients, model, True, 8, api=api)
     plain: list[Batch] = []
     streamed: list[Batch] = []
     for i in range(runs):  # ABBA order: neither mode always goes first (prefix cache, drift)
         for stream in (False, True) if i % 2 == 0 else (True, False):
-            batch = run_batch(clients, model, stream, max_tokens, server_pid, base_url)
+            batch = run_batch(clients, model, stream, max_tokens, server_pid, base_url, api)
             (streamed if stream else plain).append(batch)
     p_rate = sum(b.tokens for b in plain) / sum(b.wall_s for b in plain)
     s_rate = sum(b.tokens for b in streamed) / sum(b.wall_s for b in streamed)
@@ -270,7 +337,7 @@ def run_levels(base_url: str, args: argparse.Namespace, server_pid: int | None) 
     rows = []
     for c in args.concurrency:
         print(f"concurrency {c} ...", file=sys.stderr)
-        row = measure(base_url, model, args.api_key, c, args.runs, args.max_tokens, server_pid)
+        row = measure(base_url, model, args.api_key, c, args.runs, args.max_tokens, server_pid, args.api)
         rows.append({"model": model, **row})
     return rows
 
@@ -287,10 +354,16 @@ def main() -> None:
     ap.add_argument(
         "--set", dest="sets", action="append", default=[], help="config override for the started server"
     )
+    ap.add_argument(
+        "--api",
+        choices=["chat", "responses", "messages"],
+        default="chat",
+        help="chat: /v1/chat/completions; responses: /v1/responses; messages: /v1/messages (anthropic)",
+    )
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--runs", type=int, default=3, help="batches per mode and concurrency")
     ap.add_argument("--max-tokens", type=int, default=200)
-    ap.add_argument("--out", default="bench/out/stream_vs_nonstream.json")
+    ap.add_argument("--out", help="JSON path (default: bench/out/stream_vs_nonstream[_API].json)")
     ap.add_argument("--server-cpus", help="pin the started server to these cores (e.g. 0 or 0,1)")
     ap.add_argument("--client-cpus", help="pin this client to these cores (e.g. 1)")
     ap.add_argument(
@@ -305,6 +378,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.client_cpus:
         os.sched_setaffinity(0, _cpus(args.client_cpus))
+    if args.out is None:
+        suffix = "" if args.api == "chat" else f"_{args.api}"
+        args.out = f"bench/out/stream_vs_nonstream{suffix}.json"
 
     with contextlib.ExitStack() as stack:
         server = None
@@ -325,11 +401,15 @@ def main() -> None:
         "server_cpus": args.server_cpus,
         "client_cpus": args.client_cpus,
         "server_python": args.server_python,
+        "api": args.api,
         "server_peak_rss_mib": rss,
     }
     write_json(args.out, {**result, "rows": rows})
     model = result["model"]
-    print(f"model {model}; {args.max_tokens} tokens per request, greedy, ignore_eos; JSON: {args.out}")
+    print(
+        f"API {args.api}; model {model}; {args.max_tokens} tokens per request, greedy, ignore_eos; "
+        f"JSON: {args.out}"
+    )
     if rss is not None:
         print(f"server peak RSS: {rss:.0f} MiB")
     cols = ["concurrency", "non-stream tok/s", "stream tok/s", "ratio", "pair ratios median [min, max]"]

@@ -20,6 +20,7 @@ from rillet.core.config.engine import (
 from rillet.core.config.errors import ConfigError
 from rillet.core.config.loading import config_from_dict, config_to_dict, load_config
 from rillet.core.config.model import CacheConfig, Device, DType, ModelConfig, ModelKind
+from rillet.core.config.responses import ResponsesConfig
 from rillet.core.config.root import RilletConfig
 from rillet.core.config.serving import (
     LoggingConfig,
@@ -48,6 +49,7 @@ __all__ = [
     "OverCapacity",
     "ParallelConfig",
     "PrefillBackendName",
+    "ResponsesConfig",
     "RilletConfig",
     "SchedulerConfig",
     "ServerConfig",

@@ -12,6 +12,7 @@ from rillet.core.config.engine import (
     StructuredConfig,
 )
 from rillet.core.config.model import CacheConfig, ModelConfig
+from rillet.core.config.responses import ResponsesConfig
 from rillet.core.config.serving import LoggingConfig, ParallelConfig, ServerConfig, StreamConfig
 
 
@@ -26,5 +27,6 @@ class RilletConfig:
     stream: StreamConfig = field(default_factory=StreamConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     structured: StructuredConfig = field(default_factory=StructuredConfig)
+    responses: ResponsesConfig = field(default_factory=ResponsesConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

@@ -25,8 +25,12 @@ class StreamConfig:
     # nor on CUDA, where the loop's work overlaps the GPU's instead).
     handoff: Literal["auto", "on", "off"] = "auto"
     handoff_timeout_ms: float = 5.0
+    # Anthropic Messages streams: a `ping` event after this many seconds without output (a long
+    # prompt waiting or prefilling), so proxies and clients see the stream alive. 0 = none.
+    ping_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
+        check(self.ping_interval_s >= 0, "stream.ping_interval_s", "must be >= 0")
         check(self.handoff_timeout_ms > 0, "stream.handoff_timeout_ms", "must be > 0")
         check(self.max_tokens_per_event >= 1, "stream.max_tokens_per_event", "must be >= 1")
         check(self.max_delay_ms >= 0, "stream.max_delay_ms", "must be >= 0")

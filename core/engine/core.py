@@ -227,6 +227,7 @@ class EngineCore:
                     len(out),
                     seq.error,
                     seq.error_kind,
+                    None if reason is None else detok.stop_str,
                 )
             )
             # overlap: the new token completed a block that the step in flight has computed

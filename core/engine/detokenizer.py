@@ -56,6 +56,7 @@ class IncrementalDetokenizer:
         self._parts: list[str] = []
         self._num_added = 0
         self.finish_reason: FinishReason | None = None
+        self.stop_str: str | None = None  # the stop string that finished the sequence, if one did
 
     @property
     def text(self) -> str:
@@ -78,6 +79,7 @@ class IncrementalDetokenizer:
             return self._finish(self._drain(text), FinishReason.STOP)
         text, stop = self._release(self._decode(token_id), armed=n >= p.min_tokens)
         if stop is not None:
+            self.stop_str = stop
             return self._finish(text + stop if p.include_stop_str_in_output else text, FinishReason.STOP)
         if n >= p.max_tokens:
             return self._finish(text + self._drain(""), FinishReason.LENGTH)

@@ -107,6 +107,7 @@ class Engine:
         log.info("engine overlap: %s", why)
         self.core = EngineCore(rt.scheduler, rt.runner, rt.make_detokenizer, rt.max_model_len, self.overlap)
         vocab = rt.arch.vocab_size if rt.arch is not None else None
+        self.vocab_size: int | None = vocab or getattr(rt.tokenizer, "vocab_size", None)
         self.grammars: GrammarCompiler | None
         self.grammars, self._no_grammar = attach_structured(
             self.cfg.structured, rt.tokenizer, rt.runner, vocab
@@ -179,6 +180,10 @@ class Engine:
                 "prompt",
                 f"{len(prompt_ids)} prompt tokens + max_tokens {params.max_tokens} exceed the "
                 f"context length {self.max_model_len}",
+            )
+        if params.logit_bias and self.vocab_size and params.logit_bias[-1][0] >= self.vocab_size:
+            raise RequestError(
+                "logit_bias", f"holds token id {params.logit_bias[-1][0]} outside the vocabulary"
             )
         if self.core.num_waiting + self._added - self._taken >= self.cfg.scheduler.max_waiting:
             raise QueueFullError(f"waiting queue is full ({self.cfg.scheduler.max_waiting})")

@@ -1,13 +1,16 @@
-"""Batched next-token sampling: penalties, min_tokens, temperature, top-k / top-p / min-p, seeded draws.
+"""Batched next-token sampling: logit bias, penalties, min_tokens, temperature, top-k / top-p / min-p,
+seeded draws.
 
-Order per row: grammar mask (constrained rows) -> penalties -> min_tokens mask -> [logprobs taken here]
--> temperature -> top-k -> top-p (over the top-k renormalised distribution) -> min-p -> draw. Greedy
-rows take the argmax after the min_tokens mask.
+Order per row: grammar mask (constrained rows) -> logit bias -> penalties -> min_tokens mask ->
+[logprobs taken here] -> temperature -> top-k -> top-p (over the top-k renormalised distribution) ->
+min-p -> draw. Greedy rows take the argmax after the min_tokens mask. A masked token is -inf, and
+-inf plus any bias stays -inf: the bias added after the mask is the bias added before it.
 
-Logprobs are `log_softmax` of the logits after penalties and the min_tokens mask, before temperature
-and truncation. vLLM returns the raw model's logprobs by default; we take them after penalties so that a
-greedy row's sampled token is always the top-1 entry, and before temperature/truncation so that they
-stay finite and comparable across requests that differ only in their sampling knobs.
+Logprobs are `log_softmax` of the logits after bias, penalties and the min_tokens mask, before
+temperature and truncation. vLLM returns the raw model's logprobs by default; we take them after
+penalties so that a greedy row's sampled token is always the top-1 entry, and before
+temperature/truncation so that they stay finite and comparable across requests that differ only in
+their sampling knobs.
 
 Draws use the exponential race: `argmax(p / q)` with `q = -log(u) ~ Exponential(1)` i.i.d. per vocab entry
 picks token i with probability p_i. A seeded row fills its `q` row from its own generator (V draws per
@@ -181,6 +184,7 @@ class Sampler:
             tokens = logits.argmax(dim=-1)
             return DeviceSample(tokens if mask is None else mask.fix_lazy(logits, tokens))
         logits = logits.to(torch.float32, copy=True)
+        self._bias(logits, seqs)
         self._penalise(logits, seqs)
         self._mask_min_tokens(logits, seqs)
         lp_rows = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
@@ -203,6 +207,20 @@ class Sampler:
 
     def _index(self, rows: list[int]) -> torch.Tensor:
         return to_device(rows, torch.long, self.device)
+
+    def _bias(self, logits: torch.Tensor, seqs: list[Seq]) -> None:
+        """logit_bias: each row's (token, bias) pairs added in place (ids are distinct within a row)."""
+        rows: list[int] = []
+        cols: list[int] = []
+        values: list[float] = []
+        for i, s in enumerate(seqs):
+            for token_id, bias in s.params.logit_bias:
+                rows.append(i)
+                cols.append(token_id)
+                values.append(bias)
+        if rows:
+            added = to_device(values, torch.float32, self.device)
+            logits.index_put_((self._index(rows), self._index(cols)), added, accumulate=True)
 
     def _penalise(self, logits: torch.Tensor, seqs: list[Seq]) -> None:
         rows = [i for i, s in enumerate(seqs) if s.params.has_penalties]

@@ -6,9 +6,13 @@ from aiohttp import web
 from rillet.http.openai.errors import JSON_CONTENT_TYPE, ApiError
 
 
-def error_response(err: ApiError) -> web.Response:
+def error_response(err: ApiError, body: bytes | None = None) -> web.Response:
+    """`body`: the error as another API shapes it (None: OpenAI's)."""
     resp = web.Response(
-        status=err.status, body=err.to_json(), content_type=JSON_CONTENT_TYPE, headers=err.headers
+        status=err.status,
+        body=err.to_json() if body is None else body,
+        content_type=JSON_CONTENT_TYPE,
+        headers=err.headers,
     )
     if err.close:
         resp.force_close()  # the request stream is unusable: no keep-alive after this answer

@@ -16,6 +16,7 @@ class ChoiceResult:
     texts: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
+    stop_str: str | None = None  # the stop string that ended it, if one did
 
     @property
     def text(self) -> str:
@@ -47,11 +48,12 @@ def _message(r: ChoiceResult, tools: bool, max_calls: int | None) -> tuple[dict[
     if not tools:
         return {"role": "assistant", "content": r.text}, r.finish_reason
     parsed = parse_all(r.text, max_calls)
-    if not parsed.calls:
+    whole = parsed.complete()
+    if not whole:
         return {"role": "assistant", "content": parsed.content}, r.finish_reason
     calls = [
         {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": args}}
-        for name, args in parsed.calls
+        for name, args in whole
     ]
     content = parsed.content.strip() or None
     finish = "tool_calls" if r.finish_reason == "stop" and not parsed.dropped else r.finish_reason

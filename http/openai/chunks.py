@@ -33,6 +33,8 @@ def error_event(err: ApiError) -> bytes:
 
 
 class ChunkFormat:
+    """OpenAI chat and completions chunks: the stream layer's `EventFormat` (stream/event_format.py)."""
+
     def __init__(
         self,
         chat: bool,
@@ -44,10 +46,15 @@ class ChunkFormat:
         texts: TokenTexts,
         tools: bool = False,
         max_tool_calls: int | None = None,
+        echo_texts: list[str] | None = None,
+        n: int = 1,
     ) -> None:
         """`tools`: chat with tools offered; each choice's text is read for tool calls as it streams
-        (at most `max_tool_calls` of them; None: any number)."""
+        (at most `max_tool_calls` of them; None: any number). `echo_texts`: completions with echo,
+        each prompt's text (n choices per prompt)."""
         self.chat = chat
+        self._echo = echo_texts
+        self._n = n
         self.texts = texts
         self.include_usage = include_usage
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -64,6 +71,35 @@ class ChunkFormat:
         self._completion_lps = [CompletionLogprobs() for _ in range(num_choices)] if not chat else []
         self.tool_parsers = [ToolCallParser(max_tool_calls) for _ in range(num_choices)] if tools else None
 
+    # ---- the EventFormat interface -------------------------------------------------------------
+    def head(self) -> bytes:
+        if self.chat:
+            return self.role()
+        return self.echo(self._echo, self._n) if self._echo else b""
+
+    def piece(self, index: int, text: str, logprobs: list[TokenLogprob] | None) -> bytes:
+        if self.tool_parsers is not None:
+            return b"".join(self.tool_text(index, text))
+        if logprobs is None:
+            if not text:  # an empty text (held-back stop prefix) is no event
+                return b""
+            return self._content_prefix[index] + _dumps(text) + self._text_tail
+        return self.content(index, text, logprobs)
+
+    def text_parts(self, index: int, text: str) -> tuple[bytes, bytes, bytes] | None:
+        """The fast path's event for a plain piece: `piece`'s bytes as (envelope head, the text as
+        JSON, envelope tail), which the writer joins once, framing included
+        (stream/transport_write.py); None with tools (their parser decides what is content)."""
+        if self.tool_parsers is not None:
+            return None
+        return self._content_prefix[index], _dumps(text), self._text_tail
+
+    def end(self, usage: Usage) -> bytes:
+        return self.usage(usage.body()) + DONE if self.include_usage else DONE
+
+    def error(self, err: ApiError) -> bytes:
+        return error_event(err) + DONE
+
     # ---- events ------------------------------------------------------------------------------
     def role(self) -> bytes:
         """Chat: the first chunk of every choice carries the role."""
@@ -77,11 +113,6 @@ class ChunkFormat:
 
     def text_event(self, index: int, text: str) -> bytes:
         return self._content_prefix[index] + _dumps(text) + self._text_tail
-
-    def text_parts(self, index: int, text: str) -> tuple[bytes, bytes, bytes]:
-        """`text_event`'s bytes as (envelope head, the text as JSON, envelope tail): the writer
-        joins them once, framing included (stream/transport_write.py)."""
-        return self._content_prefix[index], _dumps(text), self._text_tail
 
     def content(self, index: int, text: str, logprobs: list[TokenLogprob] | None) -> bytes:
         if logprobs is None:
@@ -97,7 +128,7 @@ class ChunkFormat:
             + b"}\n\n"
         )
 
-    def finish(self, index: int, reason: str) -> bytes:
+    def finish(self, index: int, reason: str, stop_str: str | None = None) -> bytes:
         head = b""
         if self.tool_parsers is not None:
             parser = self.tool_parsers[index]

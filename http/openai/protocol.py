@@ -11,25 +11,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rillet.core.errors import RequestError
 from rillet.core.sampling_params import MAX_LOGPROBS, SamplingParams
 from rillet.core.structured.json_style import FLEXIBLE
 from rillet.core.structured.spec import GrammarSpec
 from rillet.http.openai.chat_messages import parse_messages
-from rillet.http.openai.errors import ApiError, bad_request, model_not_found, unsupported
-from rillet.http.openai.fields import (
-    Body,
-    is_int,
-    opt_bool,
-    opt_dict,
-    opt_float,
-    opt_int,
-    opt_int_list,
-    opt_str,
-    opt_str_list,
-    type_name,
-)
+from rillet.http.openai.errors import bad_request, model_not_found, unsupported
+from rillet.http.openai.fields import Body, is_int, opt_bool, opt_dict, opt_int, opt_str, type_name
 from rillet.http.openai.response_format import parse_response_format
+from rillet.http.openai.sampling import fit_context, sampling_params
 from rillet.http.openai.tool_prompt import for_template, template_renders_tools
 from rillet.http.openai.tools import ToolSetup, parse_tools
 
@@ -41,14 +30,6 @@ _UNSUPPORTED = (
     "audio",
     "prediction",
     "web_search_options",
-)
-_FLOAT_FIELDS = (
-    "temperature",
-    "top_p",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
 )
 
 
@@ -105,19 +86,40 @@ def parse_chat(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
         raise unsupported(
             "response_format", "cannot be combined with tool_choice 'required' or a named function"
         )
-    if tools is not None and tools.mode != "auto":
-        grammar = tools.grammar(limits.json_options, limits.max_tool_calls)
     messages = parse_messages(body.get("messages"))
-    text = _render_chat(tokenizer, messages, tools)
-    # The template already holds any BOS the model wants.
-    ids = tokenizer.encode(text, add_special_tokens=False)
     logprobs = _chat_logprobs(body)
     if tools is not None and logprobs is not None:
         raise unsupported("logprobs", "together with 'tools' is not supported")
     max_tokens_field = (
         "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     )
-    gen = _build("chat", body, [ids], "messages", max_tokens_field, logprobs, None, limits, grammar)
+    return chat_request(body, messages, tools, grammar, tokenizer, limits, max_tokens_field, logprobs)
+
+
+def chat_request(
+    body: Body,
+    messages: list[dict[str, Any]],
+    tools: ToolSetup | None,
+    grammar: GrammarSpec | None,
+    tokenizer: Any,
+    limits: Limits,
+    max_tokens_field: str = "max_tokens",
+    logprobs: int | None = None,
+    prompt_field: str = "messages",
+) -> GenRequest:
+    """The chat path from parsed parts: the chat template, tool prompt and grammar, sampling.
+
+    Every front end that speaks in messages ends here (chat, Responses, Anthropic Messages): `body`
+    holds the sampling fields under the chat names (`temperature`, `stop`, `max_tokens_field`, ...),
+    `messages` the turns in chat_messages.py's shape. A forced tool call (`required`, named) takes
+    the place of `grammar`, which the caller has checked is None then.
+    """
+    if tools is not None and tools.mode != "auto":
+        grammar = tools.grammar(limits.json_options, limits.max_tool_calls)
+    text = _render_chat(tokenizer, messages, tools, prompt_field)
+    # The template already holds any BOS the model wants.
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    gen = _build("chat", body, [ids], prompt_field, max_tokens_field, logprobs, None, limits, grammar)
     check = (
         ToolSetup(tools.tools, "required", None, False).grammar(limits.json_options, 1)
         if tools and tools.mode == "auto"
@@ -126,14 +128,24 @@ def parse_chat(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
     return dataclasses.replace(gen, tools=tools, tool_check=check)
 
 
-def _render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: ToolSetup | None) -> str:
+def render_chat_ids(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: ToolSetup | None, prompt_field: str = "messages"
+) -> list[int]:
+    """The prompt's token ids as chat_request builds them (for token counting)."""
+    text = _render_chat(tokenizer, messages, tools, prompt_field)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _render_chat(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: ToolSetup | None, prompt_field: str
+) -> str:
     native = template_renders_tools(tokenizer)
     rendered = for_template(messages, tools.tools if tools else None, native)
     extra = {"tools": [t.openai() for t in tools.tools]} if native and tools else {}
     try:
         text: str = tokenizer.apply_chat_template(rendered, add_generation_prompt=True, **extra)
     except (ValueError, TypeError, KeyError) as exc:
-        raise bad_request(f"cannot apply the chat template: {exc}", param="messages") from exc
+        raise bad_request(f"cannot apply the chat template: {exc}", param=prompt_field) from exc
     return text
 
 
@@ -168,6 +180,17 @@ def parse_completion(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
 
 
 def _check_common(body: Body, limits: Limits) -> None:
+    check_model(body, limits)
+    for name in _UNSUPPORTED:
+        if body.get(name) not in (None, [], {}):
+            raise unsupported(name)
+    if body.get("modalities") not in (None, ["text"]):
+        raise unsupported("modalities", 'other than ["text"] is not supported')
+    opt_str(body, "user")
+
+
+def check_model(body: Body, limits: Limits) -> None:
+    """`model` is given, a string, and the served model's name (else a 400 or 404)."""
     model = body.get("model")
     if model is None:
         raise bad_request(
@@ -179,14 +202,6 @@ def _check_common(body: Body, limits: Limits) -> None:
         )
     if model != limits.model_name:
         raise model_not_found(model)
-    for name in _UNSUPPORTED:
-        if body.get(name) not in (None, [], {}):
-            raise unsupported(name)
-    if body.get("logit_bias") not in (None, {}):
-        raise unsupported("logit_bias")
-    if body.get("modalities") not in (None, ["text"]):
-        raise unsupported("modalities", 'other than ["text"] is not supported')
-    opt_str(body, "user")
 
 
 def _chat_logprobs(body: Body) -> int | None:
@@ -222,68 +237,20 @@ def _build(
             "'stream_options.include_usage' must be a boolean", param="stream_options.include_usage"
         )
     max_tokens = opt_int(body, max_tokens_field, 1, limits.max_tokens_cap)
-    base = _sampling_params(body, logprobs, grammar)
-    params = [_fit_context(base, len(p), max_tokens, prompt_field, max_tokens_field, limits) for p in prompts]
+    base = sampling_params(body, logprobs, grammar, limits.vocab_size)
+    params = [
+        fit_context(
+            base,
+            len(p),
+            max_tokens,
+            prompt_field,
+            max_tokens_field,
+            limits.max_model_len,
+            limits.default_max_tokens,
+        )
+        for p in prompts
+    ]
     return GenRequest(kind, prompts, params, n, stream, bool(include_usage), logprobs, echo_texts, grammar)
-
-
-def _sampling_params(body: Body, logprobs: int | None, grammar: GrammarSpec | None) -> SamplingParams:
-    kwargs: dict[str, Any] = {name: opt_float(body, name) for name in _FLOAT_FIELDS}
-    kwargs["top_k"] = opt_int(body, "top_k")
-    kwargs["seed"] = opt_int(body, "seed")
-    kwargs["min_tokens"] = opt_int(body, "min_tokens", 0)
-    kwargs["stop"] = opt_str_list(body, "stop")
-    kwargs["stop_token_ids"] = opt_int_list(body, "stop_token_ids")
-    kwargs["ignore_eos"] = opt_bool(body, "ignore_eos")
-    kwargs["include_stop_str_in_output"] = opt_bool(body, "include_stop_str_in_output")
-    kwargs["logprobs"] = logprobs
-    kwargs["grammar"] = grammar
-    given = {k: v for k, v in kwargs.items() if v is not None}
-    # max_tokens is settled per prompt later; a large placeholder keeps min_tokens checkable now.
-    return _make_params(dict(given, max_tokens=2**31 - 1))
-
-
-def _make_params(kwargs: dict[str, Any]) -> SamplingParams:
-    try:
-        return SamplingParams(**kwargs)
-    except RequestError as exc:
-        raise bad_request(f"'{exc.param}' {exc.message}", param=exc.param) from exc
-
-
-def _fit_context(
-    base: SamplingParams,
-    prompt_len: int,
-    max_tokens: int | None,
-    prompt_field: str,
-    max_tokens_field: str,
-    limits: Limits,
-) -> SamplingParams:
-    if prompt_len == 0:
-        raise bad_request(f"'{prompt_field}' must contain at least one token", param=prompt_field)
-    room = limits.max_model_len - prompt_len
-    if room < 1:
-        raise ApiError(
-            400,
-            f"This model's maximum context length is {limits.max_model_len} tokens; the prompt has "
-            f"{prompt_len} tokens, which leaves no room for a completion",
-            param=prompt_field,
-            code="context_length_exceeded",
-        )
-    if max_tokens is not None and max_tokens > room:
-        raise ApiError(
-            400,
-            f"This model's maximum context length is {limits.max_model_len} tokens; you requested "
-            f"{prompt_len + max_tokens} tokens ({prompt_len} in the {prompt_field}, {max_tokens} in the "
-            f"completion)",
-            param=max_tokens_field,
-            code="context_length_exceeded",
-        )
-    chosen = max_tokens if max_tokens is not None else min(limits.default_max_tokens, room)
-    if base.min_tokens > chosen:
-        raise bad_request(
-            f"'min_tokens' ({base.min_tokens}) exceeds max_tokens ({chosen})", param="min_tokens"
-        )
-    return dataclasses.replace(base, max_tokens=chosen)
 
 
 def _completion_prompts(

@@ -82,6 +82,7 @@ class ToolCallParser:
     calls: int = 0  # calls started so far
     closed: int = 0  # of those, calls whose arguments value ended
     after_call: bool = False  # newlines right after a closed call separate calls: not content
+    cut: bool = False  # set by finish(): the text ended inside the last call's arguments
     _args: _Args = field(default_factory=_Args)
 
     def feed(self, text: str) -> list[Event]:
@@ -109,6 +110,7 @@ class ToolCallParser:
             out.append(("content", self.buf))
         elif self.state == "head":
             out += self._whole_block(self.buf, closed=False)
+        self.cut = self.state == "args"
         self.buf, self.state = "", "text"
         return out
 
@@ -193,14 +195,26 @@ def _held(text: str) -> int:
 @dataclass
 class ParsedCalls:
     content: str
-    calls: list[tuple[str, str]]  # (name, arguments JSON text): complete calls only
-    dropped: int = 0  # calls left out: their arguments are not a whole JSON object (cut, garbled)
+    calls: list[tuple[str, str]]  # every call started, in order: (name, arguments text as generated)
+    cut: bool = False  # the text ended inside the last call's arguments
+
+    def complete(self, finish_reason: str | None = None) -> list[tuple[str, str]]:
+        """The calls to answer as calls: those whose arguments are a whole JSON object (one cut by
+        the length limit, or garbled, never is: a client must never run it)."""
+        return [(n, a) for n, a in self.calls if is_json_object(a)]
+
+    @property
+    def dropped(self) -> int:
+        """Calls left out of `complete()`."""
+        return len(self.calls) - len(self.complete())
 
 
 def parse_all(text: str, max_calls: int | None = None) -> ParsedCalls:
     """The non-streaming path: the whole answer at once."""
     p = ToolCallParser(max_calls)
-    return collect_events(p.feed(text) + p.finish())
+    parsed = collect_events(p.feed(text) + p.finish())
+    parsed.cut = p.cut
+    return parsed
 
 
 def collect_events(events: list[Event]) -> ParsedCalls:
@@ -213,8 +227,7 @@ def collect_events(events: list[Event]) -> ParsedCalls:
             calls.append([value, ""])
         else:
             calls[-1][1] += value
-    whole = [(n, a) for n, a in calls if is_json_object(a)]
-    return ParsedCalls("".join(content), whole, len(calls) - len(whole))
+    return ParsedCalls("".join(content), [(n, a) for n, a in calls])
 
 
 def is_json_object(text: str) -> bool:

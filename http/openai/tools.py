@@ -109,12 +109,9 @@ def _tools(value: Any) -> tuple[Tool, ...]:
         raise bad_request(
             f"'tools' must be an array, got {type_name(value)}", param="tools", code="invalid_type"
         )
-    tools = tuple(_tool(t, f"tools[{i}]") for i, t in enumerate(value))
-    names = [t.name for t in tools]
-    for i, n in enumerate(names):
-        if n in names[:i]:
-            raise bad_request(f"'tools' holds two functions named {n!r}", param=f"tools[{i}].function.name")
-    return tools
+    return unique_names(
+        tuple(_tool(t, f"tools[{i}]") for i, t in enumerate(value)), "tools[{}].function.name"
+    )
 
 
 def _tool(value: Any, where: str) -> Tool:
@@ -129,27 +126,40 @@ def _tool(value: Any, where: str) -> Tool:
         raise bad_request(
             f"'{where}.function' must be an object, got {type_name(fn)}", param=f"{where}.function"
         )
+    return make_tool(fn, f"{where}.function")
+
+
+def make_tool(fn: dict[str, Any], where: str, parameters: str = "parameters") -> Tool:
+    """A function definition `{name, description, <parameters>, strict}` at `where` (the field that
+    holds the schema is `parameters` for OpenAI, `input_schema` for Anthropic)."""
     name = fn.get("name")
     if not isinstance(name, str) or not NAME.match(name):
         raise bad_request(
-            f"'{where}.function.name' must be 1-64 letters, digits, '_', '-' or '.', got {name!r}",
-            param=f"{where}.function.name",
+            f"'{where}.name' must be 1-64 letters, digits, '_', '-' or '.', got {name!r}",
+            param=f"{where}.name",
         )
     desc = fn.get("description")
     if desc is not None and not isinstance(desc, str):
-        raise bad_request(
-            f"'{where}.function.description' must be a string", param=f"{where}.function.description"
-        )
-    params = fn.get("parameters")
+        raise bad_request(f"'{where}.description' must be a string", param=f"{where}.description")
+    params = fn.get(parameters)
     if params is None:
         params = dict(_EMPTY_PARAMETERS)
     if not isinstance(params, dict):
         raise bad_request(
-            f"'{where}.function.parameters' must be a JSON Schema object, got {type_name(params)}",
-            param=f"{where}.function.parameters",
+            f"'{where}.{parameters}' must be a JSON Schema object, got {type_name(params)}",
+            param=f"{where}.{parameters}",
         )
     strict = fn.get("strict")
     if strict is not None and not isinstance(strict, bool):
-        raise bad_request(f"'{where}.function.strict' must be a boolean", param=f"{where}.function.strict")
-    schema_text(params, f"{where}.function.parameters")
+        raise bad_request(f"'{where}.strict' must be a boolean", param=f"{where}.strict")
+    schema_text(params, f"{where}.{parameters}")
     return Tool(name, desc, params)
+
+
+def unique_names(tools: tuple[Tool, ...], name_field: str) -> tuple[Tool, ...]:
+    """`name_field` formats the index: "tools[{}].name"."""
+    names = [t.name for t in tools]
+    for i, n in enumerate(names):
+        if n in names[:i]:
+            raise bad_request(f"'tools' holds two functions named {n!r}", param=name_field.format(i))
+    return tools

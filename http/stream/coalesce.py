@@ -24,6 +24,7 @@ class Piece:
     finish: FinishReason | None = None
     error: str | None = None
     error_kind: ErrorKind | None = None
+    stop_str: str | None = None
 
     @property
     def text(self) -> str:
@@ -63,5 +64,6 @@ def coalesce(deltas: list[SeqDelta], limit: int, started: list[bool]) -> list[Pi
             piece.finish = d.finish_reason
             piece.error = d.error
             piece.error_kind = d.error_kind
+            piece.stop_str = d.stop_str
             open_.pop(i, None)
     return out

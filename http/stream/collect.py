@@ -30,6 +30,7 @@ class _Collector:
             failure = finish_failure(d.finish_reason, d.error, d.error_kind)
             if failure is None:
                 r.finish_reason = d.finish_reason.value
+                r.stop_str = d.stop_str
             elif self.failure is None:
                 self.failure = failure
 

@@ -13,6 +13,7 @@ Two paths share one `Emitter` (its coalescing state and usage counts):
   event), so a slow reader costs a few larger events, never extra work per token. The end of a
   request (its last tokens, the usage chunk, [DONE]) always goes through the pump.
 With `stream.max_delay_ms` > 0 there is no direct path: the pump's gathering wait decides when.
+What the bytes look like is the API's business: an `EventFormat` (event_format.py) per request.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from typing import Protocol
 
 from rillet.core.config import StreamConfig
 from rillet.core.outputs import SeqDelta
-from rillet.http.openai.chunks import DONE, ChunkFormat, Usage, error_event
+from rillet.http.openai.chunks import Usage
 from rillet.http.openai.errors import ApiError, finish_failure
 from rillet.http.stream.coalesce import coalesce
+from rillet.http.stream.event_format import EventFormat
 from rillet.http.stream.request_stream import RequestStream
 
 Write = Callable[[bytes], Awaitable[None]]
@@ -49,7 +51,7 @@ class Emitter:
 
     __slots__ = ("fmt", "limit", "started", "usage")
 
-    def __init__(self, fmt: ChunkFormat, usage: Usage, num_choices: int, limit: int) -> None:
+    def __init__(self, fmt: EventFormat, usage: Usage, num_choices: int, limit: int) -> None:
         self.fmt = fmt
         self.usage = usage
         self.limit = limit
@@ -65,40 +67,43 @@ class Emitter:
             failure = failure or finish_failure(piece.finish, piece.error, piece.error_kind)
             if failure is not None:
                 break
-            if fmt.tool_parsers is not None:
-                out += fmt.tool_text(piece.index, piece.text)
-            elif piece.logprobs or piece.text:  # an empty text (held-back stop prefix) is no event
-                out.append(fmt.content(piece.index, piece.text, piece.logprobs))
+            event = fmt.piece(piece.index, piece.text, piece.logprobs)
+            if event:
+                out.append(event)
             if piece.finish is not None:
-                out.append(fmt.finish(piece.index, piece.finish.value))
+                out.append(fmt.finish(piece.index, piece.finish.value, piece.stop_str))
         return out, failure
 
     def single(self, d: SeqDelta, direct: DirectWrite) -> bytes | None:
-        """The fast path's event: one delta that neither ends its choice nor carries logprobs, of a
-        request without tools; the same bytes `events` would give, framed for `direct` in one
-        allocation (None: an empty text, a held-back stop-string prefix, is no event)."""
+        """The fast path's event: one delta that neither ends its choice nor carries logprobs; the
+        same bytes `events` would give, framed for `direct` in one allocation (b"": an empty text,
+        a held-back stop-string prefix, is no event). None: the format has no fast path for it
+        (tools), and nothing was done."""
+        parts = self.fmt.text_parts(d.index, d.text)
+        if parts is None:
+            return None
         self.usage.update(d.index, d.completion_tokens, d.cached_tokens)
         self.started[d.index] = True  # a piece of its own either way
-        return direct.frame(*self.fmt.text_parts(d.index, d.text)) if d.text else None
+        return direct.frame(*parts) if d.text else b""
 
 
 def flusher(stream: RequestStream, emitter: Emitter, direct: DirectWrite) -> Callable[[], bool]:
     """The stream's direct path; False hands the work to the pump. Its bytes go to the stream's
     outbox: the dispatcher writes them once it has released the engine (dispatcher.py)."""
-    fast = emitter.fmt.tool_parsers is None
 
     def flush() -> bool:
         if stream.failure is not None or stream.unfinished == 0 or not direct.ready():
             return False
         pending = stream.pending
-        if fast and len(pending) == 1:  # the common case: one token since the last pass
+        if len(pending) == 1:  # the common case: one token since the last pass
             d = pending[0]
             if d.finish_reason is None and d.logprobs is None:
-                stream.take()
                 data = emitter.single(d, direct)
                 if data is not None:
-                    stream.post(direct.raw, data)
-                return True
+                    stream.take()
+                    if data:
+                        stream.post(direct.raw, data)
+                    return True
         out, _ = emitter.events(stream.take(), None)  # no failure: those end the request (above)
         if out:
             stream.post(direct, out[0] if len(out) == 1 else b"".join(out))
@@ -109,14 +114,15 @@ def flusher(stream: RequestStream, emitter: Emitter, direct: DirectWrite) -> Cal
 
 async def pump_sse(
     stream: RequestStream,
-    fmt: ChunkFormat,
+    fmt: EventFormat,
     usage: Usage,
     write: Write,
     cfg: StreamConfig,
     head: bytes,
     direct: DirectWrite | None = None,
 ) -> bool:
-    """Writes `head`, every event of the request, the usage chunk (if asked) and [DONE].
+    """Writes `head`, every event of the request, then the format's end (OpenAI: the usage chunk if
+    asked, and [DONE]).
 
     Returns False if the request failed (an SSE error event was sent instead of the rest).
     """
@@ -141,13 +147,11 @@ async def _pump(stream: RequestStream, emitter: Emitter, write: Write, delay: fl
             await asyncio.sleep(delay)
         out, failure = emitter.events(stream.take(), stream.failure)
         if failure is not None:
-            out += (error_event(failure), DONE)
+            out.append(emitter.fmt.error(failure))
             await write(b"".join(out))
             return False
         if stream.finished:
-            if emitter.fmt.include_usage:
-                out.append(emitter.fmt.usage(emitter.usage.body()))
-            out.append(DONE)
+            out.append(emitter.fmt.end(emitter.usage))
             await write(b"".join(out))
             return True
         if out:

@@ -74,13 +74,38 @@ def test_bad_fields_are_400_naming_the_parameter(
     [
         ("functions", [{"name": "f"}]),
         ("response_format", {"type": "json_object"}),  # the synthetic model cannot be constrained
-        ("logit_bias", {"5": 10}),
     ],
 )
 def test_unsupported_fields_are_refused(
     synth_server: BackgroundServer, model: str, field: str, value: Any
 ) -> None:
     assert_error(post(synth_server, CHAT, chat(model, **{field: value})), 400, param=field)
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ({"49152": 1}, "token id 49152, outside the vocabulary (0..49151)"),
+        ({"5": 100.5}, "bias of token 5 must be in [-100, 100]"),
+        ({"5": -101}, "bias of token 5 must be in [-100, 100]"),
+        ({"5": "1"}, "bias of token 5 must be a number"),
+        ({"five": 1}, "keys must be token ids"),
+        ({"-1": 1}, "keys must be token ids"),
+        ([5, 1], "must be an object"),
+    ],
+)
+def test_logit_bias_errors_name_the_field_and_the_token(
+    synth_server: BackgroundServer, model: str, value: Any, words: str
+) -> None:
+    for path, body in ((CHAT, chat(model)), (COMP, {"model": model, "prompt": "hi", "max_tokens": 2})):
+        resp = post(synth_server, path, {**body, "logit_bias": value})
+        assert_error(resp, 400, param="logit_bias")
+        assert words in resp.json()["error"]["message"], resp.text
+
+
+def test_logit_bias_in_range_is_accepted(synth_server: BackgroundServer, model: str) -> None:
+    body = chat(model, logit_bias={"5": -100, "49151": 100, "7": 0.5})
+    assert post(synth_server, CHAT, body).status_code == 200
 
 
 def test_supported_neutral_values_and_unknown_fields_pass(synth_server: BackgroundServer, model: str) -> None:

@@ -1,10 +1,12 @@
-"""Property-based fuzzing of both generation endpoints: 2,000 hostile bodies, no 5xx, no crash.
+"""Property-based fuzzing of the four generation endpoints (chat, completions, Responses, Anthropic
+Messages): 4,000 hostile bodies, no 5xx, no crash, every error in its API's shape.
 
 One server over the synthetic engine (no step time, max_tokens capped at 8) takes every case on a
 keep-alive connection; afterwards the engine, the pool and the server must be as they were. Then
-300 almost-valid or valid-sampling bodies through a tiny real model, whose sampler the synthetic
+600 almost-valid or valid-sampling bodies through a tiny real model, whose sampler the synthetic
 engine never runs.
-Strategies and checks: fuzz_lib.py. The long run (10,000 cases): tests/stress/fuzz_bodies.py.
+Strategies and checks: fuzz_lib.py. The
+long run (10,000 cases): tests/stress/fuzz_bodies.py.
 """
 
 from __future__ import annotations
@@ -13,8 +15,18 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fuzz_lib import Client, almost_valid_body, random_body, sampling_body
+from fuzz_lib import (
+    MESSAGES,
+    RESPONSES,
+    Client,
+    almost_valid_api_body,
+    almost_valid_body,
+    random_api_body,
+    random_body,
+    sampling_body,
+)
 from hypothesis import HealthCheck, given, settings
+from hypothesis.strategies import SearchStrategy
 from rel_helpers import CHAT, COMP, assert_all_released, assert_serves, served
 from rillet.http.background import BackgroundServer
 
@@ -26,8 +38,8 @@ FUZZ_CONFIG = [
     "server.max_n=4",
     "scheduler.max_waiting=4096",
 ]
-CASES = 500  # per test; 4 tests = 2,000 cases
-SAMPLER_CASES = 150  # per endpoint, on the tiny model
+CASES = 500  # per test; 8 tests = 4,000 cases
+SAMPLER_CASES = 150  # per endpoint, on the tiny model (4 endpoints: 600 cases)
 TINY = ["model.kind=shape", "model.shape=tiny", "cache.num_blocks=512"]
 FUZZ = settings(
     max_examples=CASES,
@@ -78,6 +90,27 @@ def test_almost_valid_bodies(client: Client, path: str) -> None:
     run()
 
 
+@pytest.mark.parametrize(("path", "api"), [(RESPONSES, "responses"), (MESSAGES, "messages")])
+def test_random_json_bodies_on_the_other_apis(client: Client, path: str, api: str) -> None:
+    @FUZZ
+    @given(body=random_api_body(api))
+    def run(body: bytes) -> None:
+        client.check(path, body)
+
+    run()
+
+
+@pytest.mark.parametrize(("path", "api"), [(RESPONSES, "responses"), (MESSAGES, "messages")])
+def test_almost_valid_bodies_on_the_other_apis(client: Client, path: str, api: str) -> None:
+    @FUZZ
+    @given(body=almost_valid_api_body(api, "synthetic"))
+    def run(body: bytes) -> None:
+        client.check(path, body)
+
+    run()
+    assert client.statuses[200] > 0  # valid bodies reached the engine
+
+
 # Bodies the fuzzer once answered with a 500 (fixed since): kept as fixed cases.
 REGRESSIONS = [
     (CHAT, b'{"model":"synthetic","messages":[{"role":[]}],"max_tokens":4}'),
@@ -90,30 +123,39 @@ def test_past_failures(client: Client, path: str, body: bytes) -> None:
     client.check(path, body)
 
 
-@pytest.mark.parametrize("path", [CHAT, COMP], ids=["chat", "completions"])
+def _sampler_bodies(path: str, model: str) -> SearchStrategy[bytes]:
+    if path in (RESPONSES, MESSAGES):
+        return almost_valid_api_body("responses" if path == RESPONSES else "messages", model)
+    kind = "chat" if path == CHAT else "completion"
+    return almost_valid_body(kind, model) | sampling_body(kind, model)
+
+
+@pytest.mark.parametrize(
+    "path", [CHAT, COMP, RESPONSES, MESSAGES], ids=["chat", "completions", "responses", "messages"]
+)
 def test_almost_valid_bodies_on_a_real_sampler(path: str) -> None:
     """The synthetic engine never samples: a tiny random-weight model takes sampling parameters
-    (seeds, penalties, top-k/p, logprobs, stop ids) through the real sampler."""
-    kind = "chat" if path == CHAT else "completion"
+    (seeds, penalties, logit_bias, top-k/p, logprobs, stop ids) through the real sampler."""
     with served(*FUZZ_CONFIG, *TINY) as (engine, srv):
         c = Client(srv.host, srv.port)
 
         @settings(FUZZ, max_examples=SAMPLER_CASES)
-        @given(body=almost_valid_body(kind, engine.model_name) | sampling_body(kind, engine.model_name))
+        @given(body=_sampler_bodies(path, engine.model_name))
         def run(body: bytes) -> None:
             c.check(path, body)
 
         run()
         c.close()
-        # Half the draws are sampling_body's valid parameter sets: the sampler really ran.
-        assert c.statuses[200] > SAMPLER_CASES // 4, c.statuses
+        # Chat, completions: half the draws are sampling_body's valid parameter sets; the others'
+        # mutations keep most fields in range. The sampler really ran.
+        assert c.statuses[200] > SAMPLER_CASES // (4 if path in (CHAT, COMP) else 10), c.statuses
         assert_all_released(engine, srv)
 
 
 def test_server_whole_after_fuzzing(fuzz_server: tuple[Any, BackgroundServer], client: Client) -> None:
     engine, srv = fuzz_server
     print(f"fuzz: {client.cases} cases, statuses {dict(sorted(client.statuses.items()))}")
-    if client.cases < 4 * CASES:
+    if client.cases < 8 * CASES:
         pytest.skip("checks what the fuzz tests of this module left behind: run them with it")
     assert all(s < 500 for s in client.statuses), client.statuses
     assert client.statuses[200] > 100, client.statuses  # deep paths were reached, not only 400s

@@ -260,12 +260,14 @@ class FakeEngine:
         self.generated += 1
         s.text += chr(tok)
         reason = None
+        stop_str = None
         cut = len(s.text)
         stops = [(s.text.find(x, max(0, s.emitted - len(x))), x) for x in p.stop]
         hits = [(i, x) for i, x in stops if i >= 0]
         if hits and len(s.out) >= p.min_tokens:
             i, x = min(hits)
             cut, reason = (i + len(x) if p.include_stop_str_in_output else i), FinishReason.STOP
+            stop_str = x
         elif tok in p.stop_token_ids and len(s.out) >= p.min_tokens:
             reason = FinishReason.STOP
         elif len(s.out) >= p.max_tokens:
@@ -279,7 +281,7 @@ class FakeEngine:
         if p.logprobs is not None:
             top = [(tok, -0.25), *((t, -2.0 - j) for j, t in enumerate(b"xyz"))][: p.logprobs]
             lps = [TokenLogprob(tok, -0.25, top)]
-        return self._delta(s, [tok], text, lps, reason, None)
+        return self._delta(s, [tok], text, lps, reason, None, stop_str=stop_str)
 
     def _scripted(self, s: _Seq, reply: bytes) -> SeqDelta:
         done = len(s.out) >= len(reply)
@@ -289,10 +291,10 @@ class FakeEngine:
         if done:
             s.emitted = -1
             return self._delta(s, [tok], "", None, FinishReason.STOP, None)
-        if len(s.out) >= s.params.max_tokens:
+        reason = FinishReason.LENGTH if len(s.out) >= s.params.max_tokens else None
+        if reason is not None:
             s.emitted = -1
-            return self._delta(s, [tok], chr(tok), None, FinishReason.LENGTH, None)
-        return self._delta(s, [tok], chr(tok), None, None, None)
+        return self._delta(s, [tok], chr(tok), None, reason, None)
 
     def _delta(
         self,
@@ -303,7 +305,8 @@ class FakeEngine:
         reason: FinishReason | None,
         error: str | None,
         kind: ErrorKind | None = None,
+        stop_str: str | None = None,
     ) -> SeqDelta:
         return SeqDelta(
-            s.request_id, s.index, ids, text, lps, reason, s.prompt_len, 0, len(s.out), error, kind
+            s.request_id, s.index, ids, text, lps, reason, s.prompt_len, 0, len(s.out), error, kind, stop_str
         )

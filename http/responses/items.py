@@ -1,0 +1,110 @@
+"""Responses `input` (a string, or a list of items) -> chat messages (chat_messages.py's shape).
+
+Items: messages (`role` user / assistant / system / developer; content a string or parts of type
+`input_text` / `output_text`), `function_call` (an assistant's call: `call_id`, `name`,
+`arguments`), `function_call_output` (its result: `call_id`, `output`). Consecutive calls join the
+assistant message before them, as chat's `tool_calls`; an output becomes a `tool` message. Items of
+type `reasoning` carry nothing this model can use and are skipped; images, files, audio and item
+references are refused naming the spot.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rillet.http.openai.errors import bad_request, unsupported
+from rillet.http.openai.fields import type_name
+
+_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+_TEXT_PARTS = ("input_text", "output_text", "text")
+_SKIPPED = ("reasoning",)
+
+
+def input_messages(value: Any) -> list[dict[str, Any]]:
+    if value is None:
+        raise bad_request("you must provide 'input'", param="input", code="missing_required_parameter")
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise bad_request(
+            f"'input' must be a string or a non-empty array of items, got {type_name(value)}", param="input"
+        )
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(value):
+        _item(item, f"input[{i}]", out)
+    return out
+
+
+def _item(item: Any, where: str, out: list[dict[str, Any]]) -> None:
+    if not isinstance(item, dict):
+        raise bad_request(f"'{where}' must be an object, got {type_name(item)}", param=where)
+    kind = item.get("type", "message")
+    if kind == "message":
+        out.append(_message(item, where))
+    elif kind == "function_call":
+        _function_call(item, where, out)
+    elif kind == "function_call_output":
+        out.append(_function_output(item, where))
+    elif kind not in _SKIPPED:
+        raise unsupported(f"{where}.type", f"{kind!r} is not supported")
+
+
+def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
+    role = item.get("role")
+    if not isinstance(role, str) or role not in _ROLES:
+        raise bad_request(
+            f"'{where}.role' must be one of assistant, developer, system, user, got {role!r}",
+            param=f"{where}.role",
+        )
+    return {"role": _ROLES[role], "content": text_content(item.get("content"), f"{where}.content")}
+
+
+def text_content(content: Any, where: str) -> str:
+    """A string, or text parts joined with newlines (as chat_messages.py does)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(
+            f"'{where}' must be a string or an array of parts, got {type_name(content)}", param=where
+        )
+    texts = []
+    for j, part in enumerate(content):
+        spot = f"{where}[{j}]"
+        if not isinstance(part, dict):
+            raise bad_request(f"'{spot}' must be an object, got {type_name(part)}", param=spot)
+        kind = part.get("type")
+        if kind == "refusal":
+            text = part.get("refusal")
+        elif kind in _TEXT_PARTS:
+            text = part.get("text")
+        else:
+            raise unsupported(f"{spot}.type", f"{kind!r} is not supported (text parts only)")
+        if not isinstance(text, str):
+            raise bad_request(f"'{spot}.text' must be a string", param=f"{spot}.text")
+        texts.append(text)
+    return "\n".join(texts)
+
+
+def _function_call(item: dict[str, Any], where: str, out: list[dict[str, Any]]) -> None:
+    name, args, call_id = item.get("name"), item.get("arguments"), item.get("call_id")
+    for field, value in (("name", name), ("arguments", args), ("call_id", call_id)):
+        if not isinstance(value, str):
+            raise bad_request(
+                f"'{where}.{field}' must be a string, got {type_name(value)}", param=f"{where}.{field}"
+            )
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+    last = out[-1] if out else None
+    if last is not None and last["role"] == "assistant":
+        last.setdefault("tool_calls", []).append(call)
+    else:
+        out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+
+
+def _function_output(item: dict[str, Any], where: str) -> dict[str, Any]:
+    call_id = item.get("call_id")
+    if not isinstance(call_id, str):
+        raise bad_request(
+            f"'{where}.call_id' must be a string, got {type_name(call_id)}", param=f"{where}.call_id"
+        )
+    output = text_content(item.get("output"), f"{where}.output")
+    return {"role": "tool", "content": output, "tool_call_id": call_id}
