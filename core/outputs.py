@@ -23,6 +23,9 @@ class SeqDelta:
     completion_tokens: int  # total so far
     error: str | None = None  # with finish_reason ERROR: why this request failed (text)
     error_kind: ErrorKind | None = None  # ... and its kind
+    # An embedding request's vector, on its one (final) delta: little-endian float32 bytes, as
+    # OpenAI's base64 encoding carries them (the HTTP layer encodes them without a float list)
+    embedding: bytes | None = None
 
 
 @dataclass(slots=True)

@@ -63,10 +63,11 @@ class EngineCore:
     # ---- requests ----------------------------------------------------------------------------
     def add(self, seqs: list[Seq]) -> None:
         # Detokenizers first: if one cannot be built, nothing of the request is registered yet.
-        detoks = [self.make_detokenizer(seq) for seq in seqs]
+        detoks = [self.make_detokenizer(seq) if seq.embed is None else None for seq in seqs]
         self.seqs[seqs[0].request_id] = seqs
         for seq, detok in zip(seqs, detoks, strict=True):
-            self._detok[seq.seq_id] = detok
+            if detok is not None:  # an embedding publishes a vector, no text
+                self._detok[seq.seq_id] = detok
             self._host_token_seqs += needs_host_tokens(seq)
             self.scheduler.add(seq)
 
@@ -169,7 +170,13 @@ class EngineCore:
             self.wait_seconds += time.perf_counter() - t0
             for seq in launched.seqs:
                 seq.num_pending -= 1
-        deltas.extend(self._postprocess(launched.seqs, result))
+        seqs = launched.seqs
+        if result.embeddings:  # the pooled sequences follow the sampled ones
+            n = len(result.token_ids)
+            deltas.extend(self._postprocess(seqs[:n], result))
+            deltas.extend(self._publish_embeddings(seqs[n:], result.embeddings))
+        else:
+            deltas.extend(self._postprocess(seqs, result))
         return deltas
 
     def _fail(self, seqs: list[Seq], exc: Exception, deltas: list[SeqDelta]) -> None:
@@ -233,6 +240,19 @@ class EngineCore:
             if num_tokens % block_size == 0 and seq.num_computed >= num_tokens and reason is None:
                 self.blocks.commit(seq)
         self.generated_tokens += appended
+        return deltas
+
+    def _publish_embeddings(self, seqs: list[Seq], vectors: list[bytes]) -> list[SeqDelta]:
+        """Embedding sequences whose last chunk ran: each finishes (its blocks freed: nothing is kept
+        for a prompt-only request) with its one delta, which carries the vector."""
+        deltas = []
+        for seq, vector in zip(seqs, vectors, strict=True):
+            if seq.status is SeqStatus.FINISHED:
+                continue  # aborted or expired while its step was in flight
+            self._finish(seq, FinishReason.STOP)
+            delta = self._delta(seq, _Pending([], "", None))
+            delta.embedding = vector
+            deltas.append(delta)
         return deltas
 
     # ---- finishing ---------------------------------------------------------------------------

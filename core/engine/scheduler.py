@@ -7,6 +7,10 @@ Every step, within `max_num_batched_tokens` and `max_num_seqs`:
      so far, so its output continues exactly where it stopped);
   2. then waiting sequences are admitted in arrival order (preempted ones first), each taking its
      prefix-cache hits and a first chunk, while the budget, the batch cap and free blocks allow.
+     An encoder's embedding sequence (bidirectional attention: no chunking) is admitted whole,
+     when its whole prompt fits in what is left of the budget, and takes no KV blocks.
+Embedding sequences are prompt-only (core/embedding.py): max_tokens 1, so once their last chunk is
+in flight (a pending "token": the pooled vector) they are not scheduled again.
 With overlapped steps (engine.overlap) a sequence may hold a pending token (sampled by the step in
 flight, its id still on the device): it is scheduled as if that token were known (its decode input
 comes from the device), and not at all once its pending token is its last by max_tokens.
@@ -106,7 +110,11 @@ class Scheduler:
                 break  # n > 1 copies wait for the shared prompt to be cached, then reuse it
             if seq.num_pending:
                 break  # preempted with a token in flight: recompute once the host has it
-            n = self.blocks.admit(seq, budget)
+            embed = seq.embed
+            if embed is not None and embed.whole:  # an encoder's: the whole prompt at once, no KV blocks
+                n = seq.prompt_len if seq.prompt_len <= budget else 0
+            else:
+                n = self.blocks.admit(seq, budget)
             if n == 0:
                 break
             self.waiting.popleft()
