@@ -81,7 +81,12 @@ class EncoderParts:
 
 
 def load_encoder(
-    cfg: RilletConfig, src: ModelSource, setup: EmbedSetup, device: torch.device, precision: Precision
+    cfg: RilletConfig,
+    src: ModelSource,
+    setup: EmbedSetup,
+    device: torch.device,
+    precision: Precision,
+    tokenizer_vocab: int,
 ) -> EncoderParts:
     assert src.path is not None and setup.pooling is not None
     if cfg.parallel.tensor_parallel_size > 1:
@@ -93,6 +98,11 @@ def load_encoder(
         arch = EncoderArch.from_hf_config(json.loads(folder.config.read_text(encoding="utf-8")))
     except ValueError as exc:
         raise ConfigError("model.path", f"{src.path}: {exc}") from exc
+    if tokenizer_vocab > arch.vocab_size:  # the API checks ids against the tokenizer's vocabulary
+        raise ConfigError(
+            "model.path",
+            f"{src.path}: the tokenizer has {tokenizer_vocab} ids, the model's embedding {arch.vocab_size}",
+        )
     limits = [arch.max_position, cfg.model.max_model_len, src.st.max_seq_length if src.st else None]
     max_len = min(x for x in limits if x is not None)
     budget = cfg.scheduler.max_num_batched_tokens

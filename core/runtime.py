@@ -131,7 +131,7 @@ def _encoder_runtime(
     report: Progress,
 ) -> Runtime:
     """A BERT-family encoder: its own runner, and a pool of no KV blocks (only the reserved one)."""
-    parts = load_encoder(cfg, src, setup, device, precision)
+    parts = load_encoder(cfg, src, setup, device, precision, tokenizer.vocab_size)
     report("ready", 1.0)
     return Runtime(
         tokenizer=tokenizer,

@@ -106,3 +106,21 @@ def _compile_in_marked_tests(
     _compile_switch["on"] = request.node.get_closest_marker("compiled") is not None
     yield
     _compile_switch["on"] = before
+
+
+@pytest.fixture(scope="session")
+def st_folder(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Factory: `st_folder("bert" | "decoder", pooling=..., normalize=...)` -> a tiny random
+    sentence-transformers folder (tests/support/st_models.py); identical arguments reuse it."""
+    import st_models
+
+    made: dict[str, Path] = {}
+
+    def make(family: str, **kwargs: Any) -> Path:
+        key = repr((family, sorted(kwargs.items())))
+        if key not in made:
+            build = st_models.bert_folder if family == "bert" else st_models.decoder_folder
+            made[key] = build(tmp_path_factory.mktemp(f"st_{family}"), **kwargs)
+        return made[key]
+
+    return make
