@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from rillet.core.engine.block_manager import BlockManager
 from rillet.core.engine.detokenizer import IncrementalDetokenizer
+from rillet.core.engine.embed_share import EmbedShare
 from rillet.core.engine.overlap import needs_host_tokens
 from rillet.core.engine.scheduler import ScheduledBatch, Scheduler
 from rillet.core.errors import ErrorKind
@@ -59,6 +60,8 @@ class EngineCore:
         self.steps = 0
         self.generated_tokens = 0
         self.wait_seconds = 0.0  # time blocked waiting for launched steps' tokens
+        share = scheduler.cfg.embed_share
+        self.embed_share = EmbedShare(share) if share < 1 else None  # chat vs embeddings (embed_share.py)
 
     # ---- requests ----------------------------------------------------------------------------
     def add(self, seqs: list[Seq]) -> None:
@@ -101,7 +104,7 @@ class EngineCore:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
+        return len(self.scheduler.waiting) + len(self.scheduler.waiting_embed)
 
     @property
     def num_running(self) -> int:
@@ -116,9 +119,13 @@ class EngineCore:
         before it is launched (not at all when nothing is scheduled): the engine publishes the
         previous step's output there, so the front end's work on it overlaps the device's work
         instead of competing with the scheduling for the GIL."""
+        t0 = time.perf_counter()
         deltas = self._expire_deadlines()
         if self._inflight is not None and self._host_token_seqs:
             deltas.extend(self._land())  # synchronous fallback (core/engine/overlap.py)
+        share = self.embed_share if self.scheduler.num_embeds else None
+        if share is not None:
+            self.scheduler.embed_cap = share.cap()
         batch = self.scheduler.schedule()
         launched = None
         if batch.seqs:
@@ -131,6 +138,11 @@ class EngineCore:
         self._inflight, self._inflight_step = launched, self.steps
         if not self.overlap and launched is not None:
             deltas.extend(self._land())
+        if share is not None and batch.seqs:
+            rows = len(batch.seqs) - batch.embed_rows
+            share.observe(
+                time.perf_counter() - t0, batch.embed_tokens, rows, batch.num_tokens - batch.embed_tokens
+            )
         # numbered by the step whose tokens it carries (the front end's inter-token clock)
         return StepOutput(self._landed_step, deltas) if batch.seqs or deltas else None
 

@@ -14,7 +14,6 @@ import torch
 from rillet.core.config import ConfigError
 from rillet.core.llm import LLM
 from rillet.core.sampling_params import SamplingParams
-from st_models import cosines, reference
 
 TEXTS = [
     "hello world",
@@ -24,6 +23,19 @@ TEXTS = [
     "zebra quokka",  # words outside the tiny vocabulary: word pieces and [UNK]
 ]
 StFolder = Callable[..., Path]
+
+
+def reference(folder: Path) -> Any:
+    """sentence-transformers' own model over the folder (fp32, CPU): the vectors rillet must equal."""
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(folder), device="cpu")
+
+
+def cosines(a: Any, b: Any) -> list[float]:
+    """Row-wise cosine similarity of two [N, D] arrays."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return list((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1))
 
 
 def _embed_all(llm: LLM, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:

@@ -21,11 +21,23 @@ from rel_helpers import assert_all_released, served
 from rillet.core.config import load_config
 from rillet.core.engine.engine import Engine
 from rillet.http.background import BackgroundServer
-from st_models import cosines, reference
 
 EMB = "/v1/embeddings"
 TEXTS = ["hello world", "the quick brown fox jumps over the lazy dog", "a", "sun , moon ! and stars ?" * 3]
 Served = tuple[Engine, BackgroundServer, Path]
+
+
+def reference(folder: Path) -> Any:
+    """sentence-transformers' own model over the folder (fp32, CPU): the vectors rillet must equal."""
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(folder), device="cpu")
+
+
+def cosines(a: Any, b: Any) -> list[float]:
+    """Row-wise cosine similarity of two [N, D] arrays."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return list((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1))
 
 
 @contextmanager
