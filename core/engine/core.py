@@ -125,7 +125,7 @@ class EngineCore:
             deltas.extend(self._land())  # synchronous fallback (core/engine/overlap.py)
         share = self.embed_share if self.scheduler.num_embeds else None
         if share is not None:
-            self.scheduler.embed_cap = share.cap()
+            self.scheduler.embed_cap = share.cap(self.scheduler.has_generation, t0)
         batch = self.scheduler.schedule()
         launched = None
         if batch.seqs:

@@ -9,8 +9,8 @@ it (its duration minus a generation-alone step's, both measured: moving averages
 take `credit / seconds-per-token` tokens, and only in chunks of at least `MIN_CHUNK` tokens: mixed
 steps are then rare and large (a 0.2 share means about one embedding chunk after every few chat
 steps) rather than a few tokens in every step, each paying the eager step's overhead.
-Plain Python, on the engine thread; the scheduler applies the cap only while generation sequences
-are present (an embedding-only engine runs embeddings at full speed).
+Plain Python, on the engine thread. Without chat (none in the engine for GRACE_S) embeddings run
+at full speed.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 MIN_CHUNK = 64  # embedding tokens a mixed step carries at least (fewer: wait for more credit)
 _MAX_CREDIT_S = 0.5  # credit kept at most: bounds one mixed step's extra time (a chat stall)
 _ALPHA = 0.2  # weight of the newest sample in the moving averages
+GRACE_S = 1.0  # the share holds this long after the last chat request left
 
 
 def _ema(old: float | None, new: float) -> float:
@@ -31,9 +32,17 @@ class EmbedShare:
         self.credit = 0.0  # seconds of embedding work the next steps may still spend
         self.gen_step_s: float | None = None  # a step of decode rows alone (no prefill, no embedding)
         self.token_s: float | None = None  # what one embedding token adds to a step
+        self._last_generation = -GRACE_S - 1.0  # when generation sequences were last present
 
-    def cap(self) -> int:
-        """Embedding tokens the next step may take while generation runs (0: none this step)."""
+    def cap(self, generation: bool, now: float) -> int | None:
+        """Embedding tokens the next step may take (0: none; None: no limit). The limit holds while
+        generation sequences are in the engine and for GRACE_S after: chat clients that send their
+        next request as soon as one ends leave the engine without chat for a moment, and a whole
+        budget of embeddings must not fill that moment."""
+        if generation:
+            self._last_generation = now
+        elif now - self._last_generation > GRACE_S:
+            return None
         if self.gen_step_s is None or self.credit <= 0:
             return 0
         if self.token_s is None:

@@ -50,8 +50,8 @@ class Scheduler:
         self.waiting: deque[Seq] = deque()  # generation sequences
         self.waiting_embed: deque[Seq] = deque()  # embedding sequences: admitted after generation ones
         self.running: list[Seq] = []
-        # Embedding tokens a step may take while generation sequences are present (set by the
-        # engine each step: core/engine/embed_share.py); None: no limit.
+        # Embedding tokens the next step may take (set by the engine each step while chat and
+        # embeddings share it: core/engine/embed_share.py); None: no limit.
         self.embed_cap: int | None = None
         self.running_embeds = 0  # embedding sequences among `running`
 
@@ -94,12 +94,14 @@ class Scheduler:
                 self._admit_waiting(self.waiting_embed, batch, budget, room)
         return batch
 
+    @property
+    def has_generation(self) -> bool:
+        """Generation sequences are waiting or running."""
+        return bool(self.waiting) or len(self.running) > self.running_embeds
+
     def _embed_room(self) -> int | None:
-        """Embedding tokens this step may take: embed_cap while generation sequences are present."""
-        if self.embed_cap is None or not self.num_embeds:
-            return None
-        generation = self.waiting or len(self.running) > self.running_embeds
-        return self.embed_cap if generation else None
+        """Embedding tokens this step may take (None: no limit)."""
+        return self.embed_cap if self.num_embeds else None
 
     def _schedule_running(
         self, batch: ScheduledBatch, budget: int, room: int | None
