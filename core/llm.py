@@ -100,8 +100,10 @@ class LLM:
             order.append(rid)
             self.engine.add_embedding(rid, ids, dimensions)
 
+        wanted = set(order)
+
         def take(d: SeqDelta) -> int:
-            if d.finish_reason is None:
+            if d.finish_reason is None or d.request_id not in wanted:
                 return 0
             if d.embedding is None:
                 raise RuntimeError(f"embedding failed: {d.error or d.finish_reason.value}")
@@ -132,7 +134,7 @@ class LLM:
     def _drain(self, take: Callable[[SeqDelta], int], unfinished: int) -> None:
         """Feeds every delta to `take` (which returns how many requests it finished) until none is left."""
         ring = self.engine.ring
-        while unfinished:
+        while unfinished > 0:
             for step in ring.pop_all():
                 for d in step.deltas:
                     unfinished -= take(d)

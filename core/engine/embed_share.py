@@ -18,6 +18,7 @@ from __future__ import annotations
 MIN_CHUNK = 64  # embedding tokens a mixed step carries at least (fewer: wait for more credit)
 _MAX_CREDIT_S = 0.5  # credit kept at most: bounds one mixed step's extra time (a chat stall)
 _ALPHA = 0.2  # weight of the newest sample in the moving averages
+_MIN_TOKEN_S = 1e-7
 GRACE_S = 1.0  # the share holds this long after the last chat request left
 
 
@@ -63,4 +64,6 @@ class EmbedShare:
         extra = max(seconds - (self.gen_step_s or 0.0), 0.0)
         self.credit -= extra
         if decode_only:
-            self.token_s = _ema(self.token_s, extra / embed_tokens)
+            # a floor: a step measured no slower than a chat step alone (timer noise) must not
+            # make the next chunk unbounded (the step's token budget bounds it anyway)
+            self.token_s = _ema(self.token_s, max(extra / embed_tokens, _MIN_TOKEN_S))

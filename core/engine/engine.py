@@ -294,6 +294,10 @@ class Engine:
                 t0 = time.perf_counter()
                 out = self.core.step(publisher.before_run)
                 publisher.flush()  # before_run was not called if nothing was scheduled
+                if out is None and not aborted:
+                    # work, none of it runnable now (embeddings waiting out chat's share): no spin
+                    self._wake.wait(0.001)
+                    self._wake.clear()
                 if aborted:
                     step = out.step if out is not None else self.core.steps
                     out = StepOutput(step, aborted.deltas + (out.deltas if out else []))

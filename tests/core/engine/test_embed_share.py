@@ -114,3 +114,11 @@ def test_the_share_keeps_chat_at_0_8_of_its_speed_on_a_simulated_cpu() -> None:
     assert flooded >= 0.8 * alone, flooded / alone
     assert embedded >= 30  # the flood advances (~0.2 of the engine at ~0.7 s per input)
     assert share.token_s is not None and abs(share.token_s - 0.005) < 0.002  # the cost was measured
+
+
+def test_a_step_measured_free_leaves_the_cap_finite() -> None:
+    share = EmbedShare(0.2)
+    share.observe(0.02, 0, 8, 8)  # chat alone: 20 ms
+    share.observe(0.01, 100, 8, 8)  # with 100 embedding tokens, measured faster (timer noise)
+    cap = share.cap(generation=True, now=0.0)
+    assert cap is not None and cap > 0

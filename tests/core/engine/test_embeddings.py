@@ -156,3 +156,30 @@ def test_chat_model_refuses_embeddings_and_embedding_model_refuses_chat(st_folde
             llm.engine.add_request("x", [2, 7, 3], SamplingParams(max_tokens=2))
         with pytest.raises(RequestError, match="exceed"):
             llm.engine.add_embedding("y", [7] * 49)
+
+
+def test_task_both_with_overlapped_steps(tiny_hf_model: Any) -> None:
+    """engine.overlap on (as on CUDA): an embedding's last chunk is in flight while the next step
+    is scheduled; chat and embeddings come out as with synchronous steps."""
+    folder, _ = tiny_hf_model("llama", vocab_size=49152)
+    small = ["scheduler.max_num_batched_tokens=16", "scheduler.max_num_seqs=8", "cache.block_size=8"]
+    out = {}
+    for overlap in ("off", "on"):
+        config = [f"model.path={folder}", "model.task=both", f"engine.overlap={overlap}", *small]
+        with LLM(overrides=[*config, "cache.num_blocks=128"]) as llm:
+            ids = [llm.tokenizer.encode(t) for t in TEXTS]
+            for i, p in enumerate(ids):
+                llm.engine.add_embedding(f"x{i}", p)  # their vectors go unread: they share the steps
+            params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+            gen = [o.outputs[0].token_ids for o in llm.generate(ids, params)]
+            out[overlap] = (gen, np.array(llm.embed(TEXTS)))
+            _assert_whole(llm)
+    assert out["on"][0] == out["off"][0]
+    assert np.allclose(out["on"][1], out["off"][1], atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("family", ["bert", "decoder"])
+def test_embeddings_on_cuda_equal_sentence_transformers(st_folder: StFolder, family: str) -> None:
+    _check(st_folder(family), "model.device=cuda", "model.dtype=float32")
