@@ -183,3 +183,25 @@ def test_task_both_with_overlapped_steps(tiny_hf_model: Any) -> None:
 @pytest.mark.parametrize("family", ["bert", "decoder"])
 def test_embeddings_on_cuda_equal_sentence_transformers(st_folder: StFolder, family: str) -> None:
     _check(st_folder(family), "model.device=cuda", "model.dtype=float32")
+
+
+def test_padding_and_truncation_in_tokenizer_json_are_ignored(st_folder: StFolder, tmp_path: Path) -> None:
+    """Older sentence-transformers folders (all-MiniLM-L6-v2's) save a tokenizer.json that pads to
+    a fixed 128 and cuts at 128; transformers ignores both, and so must rillet."""
+    import json
+    import shutil
+
+    folder = tmp_path / "st"
+    shutil.copytree(st_folder("bert"), folder)
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    tok["truncation"] = {"max_length": 6, "strategy": "LongestFirst", "stride": 0}
+    tok["padding"] = {
+        "strategy": {"Fixed": 40},
+        "direction": "Right",
+        "pad_to_multiple_of": None,
+        "pad_id": 0,
+        "pad_type_id": 0,
+        "pad_token": "[PAD]",
+    }
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    _check(folder)
