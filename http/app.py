@@ -15,16 +15,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
-from rillet.http.handlers import (
-    STATE,
-    chat_completions,
-    completions,
-    embeddings,
-    get_model,
-    health,
-    list_models,
-    metrics,
-)
+from rillet.http.handlers import STATE, chat_completions, completions, get_model, health, list_models, metrics
+from rillet.http.handlers import embeddings as embeddings_handler
 from rillet.http.net.connection import ApiRequestHandler, connection_of
 from rillet.http.net.listener import ApiSite
 from rillet.http.net.responses import error_response
@@ -93,7 +85,7 @@ def build_app(state: ServerState) -> web.Application:
     app[STATE] = state
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post("/v1/embeddings", embeddings_handler)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", get_model)
     app.router.add_get("/health", health)
