@@ -22,6 +22,7 @@ from rillet.core.attention.select import create_attention_backend, select_attent
 from rillet.core.config import CompileMode, ConfigError, RilletConfig
 from rillet.core.loaders.default_model import default_model_path
 from rillet.core.loaders.gguf_file import GGUFFile, read_gguf
+from rillet.core.loaders.st_folder import StFolder, is_st_folder, read_st_folder, st_decoder_weights
 from rillet.core.loaders.weights_cache import default_cache_dir
 from rillet.core.model.arch import ModelArch
 from rillet.core.model.decoder import DecoderModel, KVCache, allocate_kv_cache, build_model
@@ -46,8 +47,9 @@ class ModelSource:
     by the quantization choice, the tokenizer and the loader."""
 
     kind: str  # gguf | hf | shape | synthetic
-    path: Path | None
+    path: Path | None  # a sentence-transformers folder: its Transformer module's folder
     header: GGUFFile | None = None
+    st: StFolder | None = None  # a sentence-transformers folder (read unless model.task is generate)
 
 
 @dataclass(frozen=True)
@@ -76,9 +78,16 @@ def resolve_source(cfg: RilletConfig) -> ModelSource:
     kind = m.kind if m.kind != "auto" else ("hf" if path.is_dir() else "gguf")
     if kind == "gguf" and not path.is_file():
         raise ConfigError("model.path", f"{path} is not a .gguf file")
+    st = None
+    if kind == "hf" and m.task != "generate" and is_st_folder(path):
+        try:
+            st = read_st_folder(path)
+        except ValueError as exc:
+            raise ConfigError("model.path", str(exc)) from exc
+        path = st.model_dir
     if kind == "hf" and not (path / "config.json").is_file():
         raise ConfigError("model.path", f"{path} is not a Hugging Face folder (no config.json)")
-    return ModelSource(kind, path, read_gguf(path) if kind == "gguf" else None)
+    return ModelSource(kind, path, read_gguf(path) if kind == "gguf" else None, st)
 
 
 def resolve_precision(cfg: RilletConfig, src: ModelSource, device: torch.device) -> Precision:
@@ -107,6 +116,8 @@ def served_name(cfg: RilletConfig, src: ModelSource) -> str:
         return cfg.model.served_name
     if src.kind in ("shape", "synthetic"):
         return f"shape-{cfg.model.shape}" if src.kind == "shape" else "synthetic"
+    if src.st is not None:
+        return src.st.root.name
     assert src.path is not None
     return src.path.stem if src.path.is_file() else src.path.name
 
@@ -165,6 +176,8 @@ def load_model(
             from rillet.core.loaders.hf import load_hf_folder
 
             arch, weights = load_hf_folder(src.path, dtype)
+            if src.st is not None:  # saved by sentence-transformers: the base model
+                arch, weights = st_decoder_weights(arch, src.path, weights)
         backend = make_backend(cfg, arch, device, dtype)
         model = build_model(arch, backend, dtype, device, cfg.model.max_model_len)
         model.load_weights(weights)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import array
+import sys
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rillet.core.config import RilletConfig, load_config
 from rillet.core.engine.engine import Engine
+from rillet.core.outputs import SeqDelta
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import FinishReason, TokenLogprob
 
@@ -33,6 +36,13 @@ class RequestOutput:
     @property
     def finished(self) -> bool:
         return all(o.finish_reason is not None for o in self.outputs)
+
+
+def _floats(le32: bytes) -> list[float]:
+    a = array.array("f", le32)
+    if sys.byteorder == "big":
+        a.byteswap()
+    return a.tolist()
 
 
 class LLM:
@@ -80,24 +90,54 @@ class LLM:
         self._collect(results)
         return [results[rid] for rid in order]
 
+    def embed(self, inputs: Sequence[str | list[int]], dimensions: int | None = None) -> list[list[float]]:
+        """One vector per input (model.task embed or both), submitted at once; in input order."""
+        vectors: dict[str, bytes] = {}
+        order: list[str] = []
+        for item in inputs:
+            ids = self.tokenizer.encode(item) if isinstance(item, str) else [int(t) for t in item]
+            rid = uuid.uuid4().hex
+            order.append(rid)
+            self.engine.add_embedding(rid, ids, dimensions)
+
+        wanted = set(order)
+
+        def take(d: SeqDelta) -> int:
+            if d.finish_reason is None or d.request_id not in wanted:
+                return 0
+            if d.embedding is None:
+                raise RuntimeError(f"embedding failed: {d.error or d.finish_reason.value}")
+            vectors[d.request_id] = d.embedding
+            return 1
+
+        self._drain(take, len(order))
+        return [_floats(vectors[rid]) for rid in order]
+
     def _collect(self, results: dict[str, RequestOutput]) -> None:
-        unfinished = len(results)
+        def take(d: SeqDelta) -> int:
+            req = results.get(d.request_id)
+            if req is None:
+                return 0
+            out = req.outputs[d.index]
+            out.token_ids.extend(d.token_ids)
+            out.text += d.text
+            out.cached_tokens = d.cached_tokens
+            if d.logprobs is not None:
+                out.logprobs = (out.logprobs or []) + d.logprobs
+            if d.finish_reason is None:
+                return 0
+            out.finish_reason, out.error = d.finish_reason, d.error
+            return int(req.finished)
+
+        self._drain(take, len(results))
+
+    def _drain(self, take: Callable[[SeqDelta], int], unfinished: int) -> None:
+        """Feeds every delta to `take` (which returns how many requests it finished) until none is left."""
         ring = self.engine.ring
-        while unfinished:
+        while unfinished > 0:
             for step in ring.pop_all():
                 for d in step.deltas:
-                    req = results.get(d.request_id)
-                    if req is None:
-                        continue
-                    out = req.outputs[d.index]
-                    out.token_ids.extend(d.token_ids)
-                    out.text += d.text
-                    out.cached_tokens = d.cached_tokens
-                    if d.logprobs is not None:
-                        out.logprobs = (out.logprobs or []) + d.logprobs
-                    if d.finish_reason is not None:
-                        out.finish_reason, out.error = d.finish_reason, d.error
-                        unfinished -= req.finished
+                    unfinished -= take(d)
             if unfinished and ring.prepare_wait():
                 if not self.engine.healthy:
                     raise RuntimeError(self.engine.error or "engine died")

@@ -24,6 +24,9 @@ class SeqDelta:
     error: str | None = None  # with finish_reason ERROR: why this request failed (text)
     error_kind: ErrorKind | None = None  # ... and its kind
     stop_str: str | None = None  # with finish_reason STOP: the stop string that ended it, if one did
+    # An embedding request's vector, on its one (final) delta: little-endian float32 bytes, as
+    # OpenAI's base64 encoding carries them (the HTTP layer encodes them without a float list)
+    embedding: bytes | None = None
 
 
 @dataclass(slots=True)

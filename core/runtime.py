@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,13 +28,16 @@ from rillet.core.build import (
     served_name,
 )
 from rillet.core.config import RilletConfig
+from rillet.core.embed_build import EmbedSetup, load_encoder, resolve_tasks
+from rillet.core.embedding import Pooling, Task
 from rillet.core.engine.block_manager import BlockManager
 from rillet.core.engine.detokenizer import IncrementalDetokenizer, token_text_table
 from rillet.core.engine.scheduler import Scheduler
 from rillet.core.model.arch import ModelArch
 from rillet.core.model.decoder import DecoderModel
 from rillet.core.runner.base import Runner
-from rillet.core.runner.synthetic import SyntheticRunner
+from rillet.core.runner.pooling import ChunkPooler
+from rillet.core.runner.synthetic import SYNTHETIC_EMBEDDING_SIZE, SyntheticRunner
 from rillet.core.sequence import Seq
 from rillet.core.tokenizer.tokenizer import Tokenizer
 
@@ -59,6 +62,10 @@ class Runtime:
     arch: ModelArch | None  # None for the synthetic model
     quantization: str = "none"  # resolved (never auto): int4 = the weights run as Int4Weight
     cluster: TPCluster | None = None  # tensor parallelism: the other ranks (rank 0's view)
+    tasks: frozenset[Task] = frozenset({"generate"})  # model.task, resolved (embed_build.py)
+    pooling: Pooling | None = None  # how embeddings are pooled; None: the model does not embed
+    embedding_size: int | None = None  # components of an embedding (before `dimensions`)
+    encoder: bool = False  # embeddings run whole, without KV (a BERT-family encoder)
 
 
 def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime:
@@ -70,21 +77,30 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
     precision = resolve_precision(cfg, src, device)
     if cfg.model.quantization == "auto":
         log.info("quantization auto -> %s: %s", precision.quantization, precision.reason)
+    setup = resolve_tasks(cfg, src)
     report("tokenizer", 0.0)
     tokenizer = load_tokenizer(src)
     name = served_name(cfg, src)
     if src.kind == "synthetic":
-        return _synthetic_runtime(cfg, tokenizer, name, device, precision.dtype, report)
+        return _synthetic_runtime(cfg, tokenizer, name, device, precision.dtype, report, setup)
     report("weights", 0.1)
+    if setup.encoder:
+        return _encoder_runtime(cfg, src, setup, tokenizer, name, device, precision, report)
+    if "generate" not in setup.tasks:  # embeddings never decode: no decode step to compile
+        cfg = replace(cfg, graphs=replace(cfg.graphs, enabled="off"))
     with _cluster(cfg, src, device, precision) as cluster:
         model = _load(cfg, src, device, precision, cluster, report)
         blocks = _block_pool(cfg, model, cluster, precision.dtype, device)
         report("kv cache", 0.9)
         eos = tuple(sorted(set(tokenizer.eos_token_ids) | set(model.arch.eos_token_ids)))
         own = model_runner(cfg, model, blocks.num_blocks, eos, device, precision.dtype)
+        if setup.pooling is not None:
+            own.pooler = ChunkPooler(setup.pooling)
         runner: Runner = own if cluster is None else cluster.wrap(own)
     report("ready", 1.0)
     max_len = max_model_len(cfg, model.arch)
+    if "generate" not in setup.tasks and src.st is not None and src.st.max_seq_length is not None:
+        max_len = min(max_len, src.st.max_seq_length)  # as sentence-transformers cuts its inputs
     _log_model(name, src, precision, device, model.arch, max_len, blocks, cfg.cache.block_size)
     return Runtime(
         tokenizer=tokenizer,
@@ -98,6 +114,39 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         arch=model.arch,
         quantization=precision.quantization,
         cluster=cluster,
+        tasks=setup.tasks,
+        pooling=setup.pooling,
+        embedding_size=model.arch.hidden_size if setup.pooling is not None else None,
+    )
+
+
+def _encoder_runtime(
+    cfg: RilletConfig,
+    src: ModelSource,
+    setup: EmbedSetup,
+    tokenizer: Tokenizer,
+    name: str,
+    device: torch.device,
+    precision: Precision,
+    report: Progress,
+) -> Runtime:
+    """A BERT-family encoder: its own runner, and a pool of no KV blocks (only the reserved one)."""
+    parts = load_encoder(cfg, src, setup, device, precision, tokenizer.vocab_size)
+    report("ready", 1.0)
+    return Runtime(
+        tokenizer=tokenizer,
+        model_name=name,
+        max_model_len=parts.max_model_len,
+        scheduler=Scheduler(cfg.scheduler, BlockManager(2, cfg.cache.block_size, False)),
+        runner=parts.runner,
+        make_detokenizer=detokenizer_factory(tokenizer),
+        device=device,
+        dtype=precision.dtype,
+        arch=None,
+        tasks=setup.tasks,
+        pooling=setup.pooling,
+        embedding_size=parts.embedding_size,
+        encoder=True,
     )
 
 
@@ -172,7 +221,13 @@ def _log_model(
 
 
 def _synthetic_runtime(
-    cfg: RilletConfig, tok: Tokenizer, name: str, device: torch.device, dtype: torch.dtype, report: Progress
+    cfg: RilletConfig,
+    tok: Tokenizer,
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    report: Progress,
+    setup: EmbedSetup,
 ) -> Runtime:
     special = tok.special_token_ids
     table = tok.token_bytes_table()
@@ -195,6 +250,9 @@ def _synthetic_runtime(
         device=device,
         dtype=dtype,
         arch=None,
+        tasks=setup.tasks,
+        pooling=setup.pooling,
+        embedding_size=SYNTHETIC_EMBEDDING_SIZE if setup.pooling is not None else None,
     )
 
 

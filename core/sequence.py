@@ -21,6 +21,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from rillet.core.embedding import EmbedParams
 from rillet.core.errors import ErrorKind
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.structured.matcher import GrammarMatcher
@@ -68,6 +69,10 @@ class Seq:
     index: int = 0  # choice index within its request (n > 1)
     leader: Seq | None = None  # choice 0 of the request; later choices wait for its prefill
     grammar: GrammarMatcher | None = None  # constrained output: has consumed output_ids (matcher.py)
+    # An embedding request (core/embedding.py): prompt only, pooled instead of sampled, never decodes.
+    # Its params say max_tokens 1, so the scheduler's pending-token rule keeps it from being
+    # scheduled again once its last chunk is in flight (the pooled vector is that "token").
+    embed: EmbedParams | None = None
 
     @property
     def prompt_len(self) -> int:

@@ -50,6 +50,8 @@ class EngineLike(Protocol):
     max_model_len: int
     ring: SpscRing[StepOutput]
     error: str | None
+    tasks: frozenset[str]  # what the model serves: generate, embed (model.task)
+    embedding_size: int | None  # components of an embedding; None: the model does not embed
 
     @property
     def tokenizer(self) -> Any: ...  # TokenizerLike; Any so concrete tokenizer classes need not match exactly
@@ -67,6 +69,14 @@ class EngineLike(Protocol):
         prompt_ids: list[int],
         params: SamplingParams,
         n: int = 1,
+        deadline: float | None = None,
+    ) -> None: ...
+
+    def add_embedding(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        dimensions: int | None = None,
         deadline: float | None = None,
     ) -> None: ...
 

@@ -1,4 +1,4 @@
-"""Route handlers: the two generation endpoints, models, health and metrics."""
+"""Route handlers: the two generation endpoints, embeddings, models, health and metrics."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
+from rillet.http.embed import run_embeddings
 from rillet.http.engine_api import EngineLike
 from rillet.http.generate import run_generation
 from rillet.http.grammar_prep import prepare_grammars
 from rillet.http.metrics.registry import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rillet.http.net.connection import read_body
+from rillet.http.openai.embeddings import parse_embeddings, wrong_task
 from rillet.http.openai.errors import JSON_CONTENT_TYPE, ApiError, bad_request, model_not_found
 from rillet.http.openai.protocol import GenRequest, Limits, parse_chat, parse_completion
 from rillet.http.state import ServerState
@@ -58,6 +60,8 @@ def _too_large(limit: int) -> ApiError:
 async def _generate(request: web.Request, parser: Parser) -> web.StreamResponse:
     state = request.app[STATE]
     engine = state.ready_engine()
+    if "generate" not in engine.tasks:
+        raise wrong_task(engine.model_name, "chat or completions", "embeddings")
     state.begin()
     try:
         body = await read_json(request)
@@ -84,6 +88,27 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, parse_completion)
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    engine = state.ready_engine()
+    size = engine.embedding_size
+    if size is None:
+        raise wrong_task(engine.model_name, "embeddings", "chat and completions")
+    state.begin()
+    try:
+        body = await read_json(request)
+        limits = state.limits
+        assert limits is not None
+        args = (body, engine.tokenizer, limits, size)
+        if (request.content_length or 0) <= _INLINE_PARSE_BYTES:
+            req = parse_embeddings(*args)
+        else:
+            req = await asyncio.get_running_loop().run_in_executor(None, parse_embeddings, *args)
+        return await run_embeddings(state, engine, req)
+    finally:
+        state.end()
 
 
 def _model_card(state: ServerState, engine: EngineLike) -> dict[str, Any]:

@@ -20,6 +20,9 @@ class SchedulerConfig:
     max_num_seqs: int = 64  # running batch size cap
     max_num_batched_tokens: int = 2048  # per-step token budget (prefill chunks + decodes)
     max_waiting: int = 1024  # admission control: waiting queue bound (429 past it)
+    # model.task both: while chat requests run, embeddings take at most this share of the engine's
+    # time (core/engine/embed_share.py); 1 = no limit (they compete as any prefill)
+    embed_share: float = 0.2
 
     def __post_init__(self) -> None:
         check(self.max_num_seqs >= 1, "scheduler.max_num_seqs", "must be >= 1")
@@ -30,6 +33,7 @@ class SchedulerConfig:
             "must be >= scheduler.max_num_seqs (every running sequence needs one token per step)",
         )
         check(self.max_waiting >= 1, "scheduler.max_waiting", "must be >= 1")
+        check(0 < self.embed_share <= 1, "scheduler.embed_share", "must be in (0, 1]")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,9 @@ from rillet.core.config.errors import check
 ModelKind = Literal["auto", "gguf", "hf", "synthetic", "shape"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 Device = Literal["auto", "cpu", "cuda"]
+# generate: chat and completions; embed: /v1/embeddings; both: a decoder serves both from one engine.
+# auto: embed for a sentence-transformers folder (it has modules.json), generate otherwise.
+ModelTask = Literal["auto", "generate", "embed", "both"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,11 @@ class ModelConfig:
     # auto = int4 for a mostly 4-bit GGUF on CPU with dtype auto/bfloat16, else none (quant_select.py).
     quantization: Literal["auto", "none", "int4"] = "auto"
     num_threads: int | None = None  # CPU: torch intra-op threads; None = torch's default (all cores)
+    task: ModelTask = "auto"
+    # Embeddings: how hidden states become one vector. auto = what the sentence-transformers folder
+    # says (1_Pooling/config.json, a Normalize module), else lasttoken and normalized.
+    pooling: Literal["auto", "lasttoken", "mean", "cls"] = "auto"
+    normalize: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:
         check(self.max_model_len is None or self.max_model_len > 0, "model.max_model_len", "must be > 0")

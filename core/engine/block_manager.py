@@ -76,8 +76,8 @@ class BlockManager:
         """(hit blocks, their chained hashes), so admission need not hash the prefix again."""
         hits: list[int] = []
         hashes: list[int] = []
-        if not self.enable_prefix_caching:
-            return hits, hashes
+        if not self.enable_prefix_caching or (seq.embed is not None and seq.embed.every_token):
+            return hits, hashes  # mean / cls pooling reads every token's hidden state: no hits
         for i in range((seq.num_tokens - 1) // self.block_size):
             key = self._key(seq, i, hashes[-1] if hashes else 0)
             block = self._block_of.get(key)

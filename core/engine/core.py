@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from rillet.core.engine.block_manager import BlockManager
 from rillet.core.engine.detokenizer import IncrementalDetokenizer
+from rillet.core.engine.embed_share import EmbedShare
 from rillet.core.engine.overlap import needs_host_tokens
 from rillet.core.engine.scheduler import ScheduledBatch, Scheduler
 from rillet.core.errors import ErrorKind
@@ -59,14 +60,17 @@ class EngineCore:
         self.steps = 0
         self.generated_tokens = 0
         self.wait_seconds = 0.0  # time blocked waiting for launched steps' tokens
+        share = scheduler.cfg.embed_share
+        self.embed_share = EmbedShare(share) if share < 1 else None  # chat vs embeddings (embed_share.py)
 
     # ---- requests ----------------------------------------------------------------------------
     def add(self, seqs: list[Seq]) -> None:
         # Detokenizers first: if one cannot be built, nothing of the request is registered yet.
-        detoks = [self.make_detokenizer(seq) for seq in seqs]
+        detoks = [self.make_detokenizer(seq) if seq.embed is None else None for seq in seqs]
         self.seqs[seqs[0].request_id] = seqs
         for seq, detok in zip(seqs, detoks, strict=True):
-            self._detok[seq.seq_id] = detok
+            if detok is not None:  # an embedding publishes a vector, no text
+                self._detok[seq.seq_id] = detok
             self._host_token_seqs += needs_host_tokens(seq)
             self.scheduler.add(seq)
 
@@ -100,7 +104,7 @@ class EngineCore:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
+        return len(self.scheduler.waiting) + len(self.scheduler.waiting_embed)
 
     @property
     def num_running(self) -> int:
@@ -115,9 +119,13 @@ class EngineCore:
         before it is launched (not at all when nothing is scheduled): the engine publishes the
         previous step's output there, so the front end's work on it overlaps the device's work
         instead of competing with the scheduling for the GIL."""
+        t0 = time.perf_counter()
         deltas = self._expire_deadlines()
         if self._inflight is not None and self._host_token_seqs:
             deltas.extend(self._land())  # synchronous fallback (core/engine/overlap.py)
+        share = self.embed_share if self.scheduler.num_embeds else None
+        if share is not None:
+            self.scheduler.embed_cap = share.cap(self.scheduler.has_generation, t0)
         batch = self.scheduler.schedule()
         launched = None
         if batch.seqs:
@@ -130,6 +138,11 @@ class EngineCore:
         self._inflight, self._inflight_step = launched, self.steps
         if not self.overlap and launched is not None:
             deltas.extend(self._land())
+        if share is not None and batch.seqs:
+            rows = len(batch.seqs) - batch.embed_rows
+            share.observe(
+                time.perf_counter() - t0, batch.embed_tokens, rows, batch.num_tokens - batch.embed_tokens
+            )
         # numbered by the step whose tokens it carries (the front end's inter-token clock)
         return StepOutput(self._landed_step, deltas) if batch.seqs or deltas else None
 
@@ -169,7 +182,13 @@ class EngineCore:
             self.wait_seconds += time.perf_counter() - t0
             for seq in launched.seqs:
                 seq.num_pending -= 1
-        deltas.extend(self._postprocess(launched.seqs, result))
+        seqs = launched.seqs
+        if result.embeddings:  # the pooled sequences follow the sampled ones
+            n = len(result.token_ids)
+            deltas.extend(self._postprocess(seqs[:n], result))
+            deltas.extend(self._publish_embeddings(seqs[n:], result.embeddings))
+        else:
+            deltas.extend(self._postprocess(seqs, result))
         return deltas
 
     def _fail(self, seqs: list[Seq], exc: Exception, deltas: list[SeqDelta]) -> None:
@@ -234,6 +253,19 @@ class EngineCore:
             if num_tokens % block_size == 0 and seq.num_computed >= num_tokens and reason is None:
                 self.blocks.commit(seq)
         self.generated_tokens += appended
+        return deltas
+
+    def _publish_embeddings(self, seqs: list[Seq], vectors: list[bytes]) -> list[SeqDelta]:
+        """Embedding sequences whose last chunk ran: each finishes (its blocks freed: nothing is kept
+        for a prompt-only request) with its one delta, which carries the vector."""
+        deltas = []
+        for seq, vector in zip(seqs, vectors, strict=True):
+            if seq.status is SeqStatus.FINISHED:
+                continue  # aborted or expired while its step was in flight
+            self._finish(seq, FinishReason.STOP)
+            delta = self._delta(seq, _Pending([], "", None))
+            delta.embedding = vector
+            deltas.append(delta)
         return deltas
 
     # ---- finishing ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rillet.core.config import RilletConfig
+from rillet.core.embedding import EmbedParams
 from rillet.core.engine.core import EngineCore
 from rillet.core.engine.overlap import resolve_overlap
 from rillet.core.engine.publisher import Publisher
@@ -55,6 +56,8 @@ class EngineStats:
 
 # Inbox items: a new request's sequences, or the id of a request to abort.
 _InboxItem = list[Seq] | str
+# An embedding sequence's: one step's worth of "output" (its vector), never sampled
+_EMBED_SAMPLING = SamplingParams(max_tokens=1, temperature=0.0)
 
 
 def resolve_handoff(cfg: RilletConfig, device_type: str) -> float | None:
@@ -106,12 +109,18 @@ class Engine:
         self.overlap, why = resolve_overlap(overlap, rt.device.type, m.kind, m.synthetic_async)
         log.info("engine overlap: %s", why)
         self.core = EngineCore(rt.scheduler, rt.runner, rt.make_detokenizer, rt.max_model_len, self.overlap)
+        self.tasks = rt.tasks
+        self.embedding_size = rt.embedding_size  # components of a vector; None: no embeddings
+        self._embed_every_token = rt.pooling is not None and rt.pooling.every_token
+        self._embed_whole = rt.encoder
         vocab = rt.arch.vocab_size if rt.arch is not None else None
         self.vocab_size: int | None = vocab or getattr(rt.tokenizer, "vocab_size", None)
-        self.grammars: GrammarCompiler | None
-        self.grammars, self._no_grammar = attach_structured(
-            self.cfg.structured, rt.tokenizer, rt.runner, vocab
-        )
+        self.grammars: GrammarCompiler | None = None
+        self._no_grammar = "structured outputs need a generation model (model.task)"
+        if "generate" in self.tasks:
+            self.grammars, self._no_grammar = attach_structured(
+                self.cfg.structured, rt.tokenizer, rt.runner, vocab
+            )
         if rt.cluster is not None:
             rt.cluster.watch(self.fail)
         self.handoff_s = resolve_handoff(self.cfg, rt.device.type)
@@ -173,6 +182,8 @@ class Engine:
     ) -> None:
         if self._dead:
             raise EngineDeadError(self.error or "engine is not running")
+        if "generate" not in self.tasks:
+            raise RequestError("model", f"{self.model_name} is an embedding model (model.task: embed)")
         if not prompt_ids:
             raise RequestError("prompt", "must contain at least one token")
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
@@ -190,6 +201,36 @@ class Engine:
         seqs = self._make_seqs(request_id, prompt_ids, params, n, deadline)
         self._added += 1
         self._inbox.append(seqs)
+        self._wake.set()
+
+    def add_embedding(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        dimensions: int | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        """One input of /v1/embeddings: a prompt-only sequence whose one delta carries its vector."""
+        if self._dead:
+            raise EngineDeadError(self.error or "engine is not running")
+        size = self.embedding_size
+        if size is None:
+            raise RequestError("model", f"{self.model_name} does not serve embeddings (model.task)")
+        if not prompt_ids:
+            raise RequestError("input", "must contain at least one token")
+        if len(prompt_ids) > self.max_model_len:
+            raise RequestError(
+                "input", f"{len(prompt_ids)} tokens exceed the model's limit of {self.max_model_len}"
+            )
+        if dimensions is not None and not 1 <= dimensions <= size:
+            raise RequestError("dimensions", f"must be in [1, {size}], got {dimensions}")
+        if self.core.num_waiting + self._added - self._taken >= self.cfg.scheduler.max_waiting:
+            raise QueueFullError(f"waiting queue is full ({self.cfg.scheduler.max_waiting})")
+        embed = EmbedParams(dimensions, self._embed_every_token, self._embed_whole)
+        seq = Seq(next(self._seq_ids), request_id, list(prompt_ids), _EMBED_SAMPLING, deadline=deadline)
+        seq.embed = embed
+        self._added += 1
+        self._inbox.append([seq])
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
@@ -258,6 +299,10 @@ class Engine:
                 t0 = time.perf_counter()
                 out = self.core.step(publisher.before_run)
                 publisher.flush()  # before_run was not called if nothing was scheduled
+                if out is None and not aborted:
+                    # work, none of it runnable now (embeddings waiting out chat's share): no spin
+                    self._wake.wait(0.001)
+                    self._wake.clear()
                 if aborted:
                     step = out.step if out is not None else self.core.steps
                     out = StepOutput(step, aborted.deltas + (out.deltas if out else []))

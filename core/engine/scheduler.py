@@ -7,6 +7,10 @@ Every step, within `max_num_batched_tokens` and `max_num_seqs`:
      so far, so its output continues exactly where it stopped);
   2. then waiting sequences are admitted in arrival order (preempted ones first), each taking its
      prefix-cache hits and a first chunk, while the budget, the batch cap and free blocks allow.
+     An encoder's embedding sequence (bidirectional attention: no chunking) is admitted whole,
+     when its whole prompt fits in what is left of the budget, and takes no KV blocks.
+Embedding sequences are prompt-only (core/embedding.py): max_tokens 1, so once their last chunk is
+in flight (a pending "token": the pooled vector) they are not scheduled again.
 With overlapped steps (engine.overlap) a sequence may hold a pending token (sampled by the step in
 flight, its id still on the device): it is scheduled as if that token were known (its decode input
 comes from the device), and not at all once its pending token is its last by max_tokens.
@@ -28,6 +32,8 @@ class ScheduledBatch:
     seqs: list[Seq] = field(default_factory=list)
     num_new: list[int] = field(default_factory=list)  # tokens fed per sequence this step
     preempted: list[Seq] = field(default_factory=list)
+    embed_tokens: int = 0  # of the tokens, those of embedding sequences
+    embed_rows: int = 0  # of the sequences, embedding ones
 
     @property
     def num_tokens(self) -> int:
@@ -41,23 +47,37 @@ class Scheduler:
     def __init__(self, cfg: SchedulerConfig, blocks: BlockManager) -> None:
         self.cfg = cfg
         self.blocks = blocks
-        self.waiting: deque[Seq] = deque()
+        self.waiting: deque[Seq] = deque()  # generation sequences
+        self.waiting_embed: deque[Seq] = deque()  # embedding sequences: admitted after generation ones
         self.running: list[Seq] = []
+        # Embedding tokens the next step may take (set by the engine each step while chat and
+        # embeddings share it: core/engine/embed_share.py); None: no limit.
+        self.embed_cap: int | None = None
+        self.running_embeds = 0  # embedding sequences among `running`
 
     # ---- queue management --------------------------------------------------------------------
     def add(self, seq: Seq) -> None:
         seq.status = SeqStatus.WAITING
-        self.waiting.append(seq)
+        self._queue(seq).append(seq)
+
+    def _queue(self, seq: Seq) -> deque[Seq]:
+        return self.waiting if seq.embed is None else self.waiting_embed
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.waiting_embed)
+
+    @property
+    def num_embeds(self) -> int:
+        """Embedding sequences in the scheduler, waiting or running."""
+        return self.running_embeds + len(self.waiting_embed)
 
     def finish(self, seq: Seq, reason: FinishReason) -> None:
         """Removes a sequence wherever it is and frees its blocks."""
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
+            self.running_embeds -= seq.embed is not None
         elif seq.status is SeqStatus.WAITING:
-            self.waiting.remove(seq)
+            self._queue(seq).remove(seq)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         self.blocks.free(seq)
@@ -66,16 +86,31 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.cfg.max_num_batched_tokens
-        budget = self._schedule_running(batch, budget)
+        room = self._embed_room()
+        budget, room = self._schedule_running(batch, budget, room)
         if not batch.preempted:
-            self._admit_waiting(batch, budget)
+            budget = self._admit_waiting(self.waiting, batch, budget, None)
+            if self.waiting_embed:
+                self._admit_waiting(self.waiting_embed, batch, budget, room)
         return batch
 
-    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
+    @property
+    def has_generation(self) -> bool:
+        """Generation sequences are waiting or running."""
+        return bool(self.waiting) or len(self.running) > self.running_embeds
+
+    def _embed_room(self) -> int | None:
+        """Embedding tokens this step may take (None: no limit)."""
+        return self.embed_cap if self.num_embeds else None
+
+    def _schedule_running(
+        self, batch: ScheduledBatch, budget: int, room: int | None
+    ) -> tuple[int, int | None]:
         # Runs once per running sequence per step: attributes are read directly, not through the
         # Seq properties, and a table that already covers the step skips the block manager.
         running, block_size = self.running, self.blocks.block_size
         seqs, num_new = batch.seqs, batch.num_new
+        embeds = self.running_embeds
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
@@ -85,6 +120,15 @@ class Scheduler:
                 continue
             n = len(seq.prompt_ids) + outputs + pending - seq.num_computed
             n = n if n < budget else budget
+            if embeds and seq.embed is not None:
+                if room is not None:
+                    n = min(n, room)
+                    if n <= 0:
+                        i += 1  # its chunk waits for the engine's embedding share
+                        continue
+                    room -= n
+                batch.embed_tokens += n
+                batch.embed_rows += 1
             end = seq.num_computed + n
             if end > len(seq.block_table) * block_size:
                 while not self.blocks.grow(seq, end):
@@ -92,33 +136,47 @@ class Scheduler:
                     self._preempt(victim)
                     batch.preempted.append(victim)
                     if victim is seq:
-                        return budget
+                        return budget, room
             seqs.append(seq)
             num_new.append(n)
             budget -= n
             i += 1
-        return budget
+        return budget, room
 
-    def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
-            seq = self.waiting[0]
+    def _admit_waiting(self, queue: deque[Seq], batch: ScheduledBatch, budget: int, room: int | None) -> int:
+        """Admits from the head of `queue` while the budget (and for embeddings `room`) allows."""
+        while queue and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            seq = queue[0]
             if seq.leader is not None and not seq.leader.is_finished and seq.leader.in_prefill:
                 break  # n > 1 copies wait for the shared prompt to be cached, then reuse it
             if seq.num_pending:
                 break  # preempted with a token in flight: recompute once the host has it
-            n = self.blocks.admit(seq, budget)
+            embed = seq.embed
+            limit = budget if room is None else min(budget, room)
+            if embed is not None and embed.whole:  # an encoder's: the whole prompt at once, no KV blocks
+                n = seq.prompt_len if seq.prompt_len <= limit else 0
+            else:
+                n = self.blocks.admit(seq, limit) if limit > 0 else 0
             if n == 0:
                 break
-            self.waiting.popleft()
+            queue.popleft()
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             batch.seqs.append(seq)
             batch.num_new.append(n)
             budget -= n
+            if embed is not None:
+                self.running_embeds += 1
+                batch.embed_tokens += n
+                batch.embed_rows += 1
+                if room is not None:
+                    room -= n
+        return budget
 
     def _preempt(self, seq: Seq) -> None:
         self.running.remove(seq)
+        self.running_embeds -= seq.embed is not None
         self.blocks.free(seq)
         seq.status = SeqStatus.WAITING
         seq.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        self._queue(seq).appendleft(seq)

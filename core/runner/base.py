@@ -6,7 +6,7 @@ gives the sampled tokens; launches run on the device in the order they are made.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from rillet.core.engine.scheduler import ScheduledBatch
@@ -17,6 +17,9 @@ from rillet.core.sequence import Seq, TokenLogprob
 class SampleResult:
     token_ids: list[int]  # one per row, in the order of the seqs passed to `sample`
     logprobs: list[TokenLogprob | None]  # None where the row's params.logprobs is None
+    # Embedding sequences pooled by the step (after the sampled ones in InflightStep.seqs): one
+    # vector each, little-endian float32 bytes (SeqDelta.embedding)
+    embeddings: list[bytes] = field(default_factory=list)
 
 
 class FatalRunnerError(RuntimeError):
@@ -25,7 +28,8 @@ class FatalRunnerError(RuntimeError):
 
 
 class InflightStep(Protocol):
-    """A launched step: `seqs` are the sequences it samples, in the order of `wait()`'s rows."""
+    """A launched step: `seqs` are the sequences it samples, in the order of `wait()`'s token rows,
+    then the embedding sequences it pools, in the order of `wait()`'s embeddings."""
 
     seqs: list[Seq]
 

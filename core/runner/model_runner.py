@@ -15,6 +15,7 @@ import torch
 from rillet.core.engine.scheduler import ScheduledBatch
 from rillet.core.model.decoder import DecoderModel, KVCache
 from rillet.core.runner.base import InflightStep, SampleResult
+from rillet.core.runner.pooling import ChunkPooler, Pooled
 from rillet.core.runner.sample_output import HostSample
 from rillet.core.runner.sampler import Sampler
 from rillet.core.runner.step_inputs import InputBuilder, StepInputs
@@ -26,11 +27,15 @@ from rillet.graphs.runner import GraphRunner
 
 @dataclass
 class _Launched:
-    seqs: list[Seq]
+    seqs: list[Seq]  # the sampled ones, then the pooled ones
     host: HostSample
+    pooled: Pooled | None = None
 
     def wait(self) -> SampleResult:
-        return self.host.wait()
+        result = self.host.wait()
+        if self.pooled is not None:
+            result.embeddings = self.pooled.to_host()
+        return result
 
 
 class ModelRunner:
@@ -54,6 +59,8 @@ class ModelRunner:
         self.graph_runner = graph_runner
         self.inputs = InputBuilder(block_size, device)
         self.masks: MaskFiller | None = None  # set when structured outputs are available
+        # model.task embed / both: embedding sequences are pooled instead of sampled
+        self.pooler: ChunkPooler | None = None
         # Tensor parallelism: sends each step's inputs to the other ranks before the forward.
         self.publish_inputs: Callable[[StepInputs], None] | None = None
 
@@ -71,14 +78,25 @@ class ModelRunner:
         if self.publish_inputs is not None:
             self.publish_inputs(inp)
         hidden = self._hidden(inp)
-        if not inp.sample_seqs:  # prefill chunks that sample nothing yet
-            return _Launched([], HostSample(torch.empty(0, dtype=torch.int64), None, 0, None))
+        pooled_seqs, pooled = self._pool(hidden, inp) if inp.pool else ([], None)
+        if not inp.sample_seqs:  # prefill chunks that sample nothing yet, embeddings
+            empty = HostSample(torch.empty(0, dtype=torch.int64), None, 0, None)
+            return _Launched(pooled_seqs, empty, pooled)
+        if len(inp.sample_seqs) < hidden.shape[0]:
+            # rows that sample only; in a decode-only step too: a 1-token prompt chunk that is
+            # not the prompt's end looks like a decode row but samples nothing
+            hidden = hidden.index_select(0, inp.sample_rows)
         logits = self.model.compute_logits(hidden)  # [S, V]
         sample = self.sampler.sample_device(logits, inp.sample_seqs, mask)
         self.inputs.store_sampled(inp, sample.tokens)
-        return _Launched(inp.sample_seqs, sample.start_copy())
+        return _Launched(inp.sample_seqs + pooled_seqs, sample.start_copy(), pooled)
 
-    def _hidden(self, inp: StepInputs) -> torch.Tensor:  # [S, H]: the rows that sample
+    def _pool(self, hidden: torch.Tensor, inp: StepInputs) -> tuple[list[Seq], Pooled | None]:
+        if self.pooler is None:
+            raise RuntimeError("this model does not serve embeddings (model.task)")
+        return self.pooler.take(hidden, inp.pool)
+
+    def _hidden(self, inp: StepInputs) -> torch.Tensor:  # [T, H], or [B, H] from the graph runner
         m = inp.meta
         gr = self.graph_runner
         if gr is not None and m.is_decode_only and gr.takes(m.num_seqs):
@@ -96,17 +114,13 @@ class ModelRunner:
         else:
             self.model.backend.begin_step(m)
             hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, m)  # [T, H]
-        if not inp.sample_seqs:
-            return hidden[:0]
-        if len(inp.sample_seqs) < hidden.shape[0]:
-            # rows that sample only; in a decode-only step too: a 1-token prompt chunk that is
-            # not the prompt's end looks like a decode row but samples nothing
-            hidden = hidden.index_select(0, inp.sample_rows)
         return hidden
 
     def release(self, seq: Seq) -> None:
         self.sampler.release(seq.seq_id)
         self.inputs.release(seq)
+        if self.pooler is not None:
+            self.pooler.release(seq.seq_id)
 
     def poll(self) -> None:
         if self.graph_runner is not None:

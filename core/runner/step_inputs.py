@@ -42,6 +42,18 @@ class StepInputs:
     sample_slots: torch.Tensor  # [S] int64: persistent row of each sampled sequence
     future_at: torch.Tensor | None = None  # [F] int64: input_ids entries the future buffer feeds
     future_rows: torch.Tensor | None = None  # [F] int64: ... from these rows
+    pool: list[PoolRows] = field(default_factory=list)  # embedding chunks: pooled, never sampled
+
+
+@dataclass(slots=True)
+class PoolRows:
+    """One embedding sequence's chunk in a step: tokens [first, first + count) of the step's T."""
+
+    seq: Seq
+    first: int
+    count: int
+    start: int  # the position of the chunk's first token (0: the chunk opens the sequence)
+    last: bool  # the chunk ends the prompt: the vector is ready after this step
 
 
 def order_batch(batch: ScheduledBatch) -> list[tuple[Seq, int]]:
@@ -55,8 +67,10 @@ def split_batch(batch: ScheduledBatch) -> tuple[list[tuple[Seq, int]], list[Seq]
     chunks: list[tuple[Seq, int]] = []
     decodes: list[Seq] = []
     for seq, n in zip(batch.seqs, batch.num_new, strict=True):
-        # a decode: one new token, which reaches the end (prompt + outputs + the pending one)
-        if n == 1 and seq.num_computed + 1 == len(seq.prompt_ids) + len(seq.output_ids) + seq.num_pending:
+        # a decode: one new token, which reaches the end (prompt + outputs + the pending one);
+        # a one-token embedding prompt is a chunk: it is pooled, not sampled
+        n_all = len(seq.prompt_ids) + len(seq.output_ids) + seq.num_pending
+        if n == 1 and seq.num_computed + 1 == n_all and seq.embed is None:
             decodes.append(seq)
         else:
             chunks.append((seq, n))
@@ -111,7 +125,9 @@ class InputBuilder:
         h.starts.append(start)
         h.qstart.append(h.qstart[-1] + n)
         h.lens.append(end)
-        if end == seq.num_scheduled_tokens:
+        if seq.embed is not None:
+            h.pool.append(PoolRows(seq, h.qstart[-2], n, start, end == seq.num_scheduled_tokens))
+        elif end == seq.num_scheduled_tokens:
             h.sample_at.append(h.qstart[-1] - 1)
             h.sample_row.append(row)
             h.sample_seqs.append(seq)
@@ -237,7 +253,7 @@ class InputBuilder:
             block_size=bs,
             num_prefills=num_chunks,
         )
-        inputs = StepInputs(ids, positions, meta, sample_at, h.sample_seqs, sample_row)
+        inputs = StepInputs(ids, positions, meta, sample_at, h.sample_seqs, sample_row, pool=h.pool)
         if n_fut:
             inputs.future_at, inputs.future_rows = fut_at, fut_row
         return inputs
@@ -258,3 +274,4 @@ class _HostLists:
     sample_row: list[int] = field(default_factory=list)  # [S]
     sample_seqs: list[Seq] = field(default_factory=list)  # [S]
     writes: list[tuple[int, int, int]] = field(default_factory=list)  # (row, column, block)
+    pool: list[PoolRows] = field(default_factory=list)  # embedding chunks

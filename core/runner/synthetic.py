@@ -18,28 +18,43 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from rillet.core.engine.scheduler import ScheduledBatch
 from rillet.core.runner.base import InflightStep, SampleResult
 from rillet.core.runner.step_inputs import InputBuilder
 from rillet.core.sequence import Seq
 
+SYNTHETIC_EMBEDDING_SIZE = 64  # components of the null engine's embeddings (model.task embed / both)
+
 
 @dataclass
 class _Timed:
-    seqs: list[Seq]
+    seqs: list[Seq]  # sampled, then pooled (embedding sequences)
     pool: list[int]
     ready_at: float  # time.perf_counter() at which the simulated device has finished the step
+    num_sampled: int = -1  # seqs[:num_sampled] sample; -1: all of them
 
     def wait(self) -> SampleResult:
         # The "device" computes the tokens: before the wait, so that this host work is hidden
         # under the step time as a GPU's sampling would be. Each sequence's host state is exact
         # here: every earlier step has landed, this one's token is not appended yet.
-        ids = synthetic_tokens(self.seqs, self.pool)
+        n = len(self.seqs) if self.num_sampled < 0 else self.num_sampled
+        ids = synthetic_tokens(self.seqs[:n], self.pool)
+        vectors = [synthetic_embedding(s) for s in self.seqs[n:]]
         left = self.ready_at - time.perf_counter()
         if left > 0:
             time.sleep(left)  # like a GPU wait: releases the GIL
-        return SampleResult(ids, [None] * len(ids))
+        return SampleResult(ids, [None] * len(ids), vectors)
+
+
+def synthetic_embedding(seq: Seq) -> bytes:
+    """A unit vector that depends only on the prompt (and `dimensions`): little-endian float32."""
+    seed = hash(tuple(seq.prompt_ids)) & 0xFFFFFFFF
+    v = np.random.default_rng(seed).standard_normal(SYNTHETIC_EMBEDDING_SIZE).astype("<f4")
+    dims = seq.embed.dimensions if seq.embed is not None else None
+    v = v[: dims or SYNTHETIC_EMBEDDING_SIZE]
+    return (v / np.linalg.norm(v)).astype("<f4").tobytes()
 
 
 def synthetic_tokens(seqs: list[Seq], pool: list[int]) -> list[int]:
@@ -69,16 +84,19 @@ class SyntheticRunner:
         if self.inputs is None:
             if self.step_s > 0:
                 time.sleep(self.step_s)
-            seqs = [
+            ended = [
                 s
                 for s, n in zip(batch.seqs, batch.num_new, strict=True)
                 if s.num_computed + n == s.num_scheduled_tokens
             ]
-            return _Timed(seqs, self.pool, 0.0)
+            sampled = [s for s in ended if s.embed is None]
+            pooled = [s for s in ended if s.embed is not None] if len(sampled) < len(ended) else []
+            return _Timed(sampled + pooled, self.pool, 0.0, len(sampled))
         inp = self.inputs.build(batch)
         start = max(time.perf_counter(), self._device_free_at)
         self._device_free_at = start + self.step_s
-        return _Timed(inp.sample_seqs, self.pool, self._device_free_at)
+        pooled = [p.seq for p in inp.pool if p.last]
+        return _Timed(inp.sample_seqs + pooled, self.pool, self._device_free_at, len(inp.sample_seqs))
 
     def release(self, seq: Seq) -> None:
         if self.inputs is not None:

@@ -59,6 +59,11 @@ def read_hf_folder(folder: Path) -> HFTokenizerParts:
     if not path.is_file():
         raise FileNotFoundError(f"no tokenizer.json in {folder}")
     backend = Backend.from_file(str(path))
+    # A tokenizer.json may carry padding and truncation settings (older sentence-transformers
+    # models: pad to a fixed 128, cut at 128); transformers ignores them, so does rillet: a prompt is
+    # its own tokens, and the server checks its length itself.
+    backend.no_padding()
+    backend.no_truncation()
     config = _read_json(folder / "tokenizer_config.json")
     special = {name: _token_text(config.get(name)) for name in _NAMED}
     bos = special["bos_token"]

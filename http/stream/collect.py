@@ -53,3 +53,39 @@ async def collect(stream: RequestStream, usage: Usage, want_logprobs: bool) -> l
             await stream.wait()
     finally:
         stream.sink = None
+
+
+class _VectorCollector:
+    """An embedding request's sink: each input's one delta carries its vector."""
+
+    __slots__ = ("failure", "vectors")
+
+    def __init__(self, num_inputs: int) -> None:
+        self.vectors: list[bytes | None] = [None] * num_inputs
+        self.failure: ApiError | None = None
+
+    def add(self, d: SeqDelta) -> None:
+        if d.embedding is not None:
+            self.vectors[d.index] = d.embedding
+        elif d.finish_reason is not None and self.failure is None:
+            self.failure = finish_failure(d.finish_reason, d.error, d.error_kind) or ApiError(
+                500, "the embedding ended without a vector", type="server_error", code="embedding_error"
+            )
+
+
+async def collect_vectors(stream: RequestStream) -> list[bytes]:
+    """Waits for every input's vector (in input order); raises the request's ApiError if one failed."""
+    c = _VectorCollector(stream.num_choices)
+    for d in stream.take():
+        c.add(d)
+    stream.sink = c.add
+    try:
+        while True:
+            failure = c.failure or stream.failure
+            if failure is not None:
+                raise failure
+            if stream.finished:
+                return [v for v in c.vectors if v is not None]
+            await stream.wait()
+    finally:
+        stream.sink = None

@@ -1,26 +1,30 @@
-"""Property-based fuzzing of the four generation endpoints (chat, completions, Responses, Anthropic
-Messages): 4,000 hostile bodies, no 5xx, no crash, every error in its API's shape.
+"""Property-based fuzzing of the generation endpoints (chat, completions, Responses, Anthropic
+Messages: 4,000 hostile bodies) and of /v1/embeddings (300, then 150 through a tiny real encoder):
+no 5xx, no crash, every error in its API's shape.
 
 One server over the synthetic engine (no step time, max_tokens capped at 8) takes every case on a
 keep-alive connection; afterwards the engine, the pool and the server must be as they were. Then
 600 almost-valid or valid-sampling bodies through a tiny real model, whose sampler the synthetic
 engine never runs.
 Strategies and checks: fuzz_lib.py. The
-long run (10,000 cases): tests/stress/fuzz_bodies.py.
+long run (10,000 cases): bench/stress/fuzz_bodies.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fuzz_lib import (
+    EMB,
     MESSAGES,
     RESPONSES,
     Client,
     almost_valid_api_body,
     almost_valid_body,
+    embedding_body,
     random_api_body,
     random_body,
     sampling_body,
@@ -37,6 +41,7 @@ FUZZ_CONFIG = [
     "server.default_max_tokens=8",
     "server.max_n=4",
     "scheduler.max_waiting=4096",
+    "model.task=both",  # /v1/embeddings too (the null engine's vectors)
 ]
 CASES = 500  # per test; 8 tests = 4,000 cases
 SAMPLER_CASES = 150  # per endpoint, on the tiny model (4 endpoints: 600 cases)
@@ -97,6 +102,16 @@ def test_random_json_bodies_on_the_other_apis(client: Client, path: str, api: st
     def run(body: bytes) -> None:
         client.check(path, body)
 
+
+EMBEDDING_CASES = 300
+
+
+def test_embedding_bodies(client: Client) -> None:
+    @settings(FUZZ, max_examples=EMBEDDING_CASES)
+    @given(body=random_body("embeddings") | almost_valid_body("embeddings", "synthetic"))
+    def run(body: bytes) -> None:
+        client.check(EMB, body)
+
     run()
 
 
@@ -109,6 +124,27 @@ def test_almost_valid_bodies_on_the_other_apis(client: Client, path: str, api: s
 
     run()
     assert client.statuses[200] > 0  # valid bodies reached the engine
+
+
+def test_embedding_bodies_on_a_real_encoder(st_folder: Callable[..., Path]) -> None:
+    """Inputs of every length, truncation and dimensions through the BERT encoder's padded batches."""
+    with served(*FUZZ_CONFIG, "model.kind=auto", "model.task=auto", f"model.path={st_folder('bert')}") as (
+        engine,
+        srv,
+    ):
+        c = Client(srv.host, srv.port)
+
+        valid = embedding_body(engine.model_name, engine.tokenizer.vocab_size, 32, engine.max_model_len)
+
+        @settings(FUZZ, max_examples=SAMPLER_CASES)
+        @given(body=almost_valid_body("embeddings", engine.model_name) | valid)
+        def run(body: bytes) -> None:
+            c.check(EMB, body)
+
+        run()
+        c.close()
+        assert c.statuses[200] > SAMPLER_CASES // 4, c.statuses
+        assert_all_released(engine, srv)
 
 
 # Bodies the fuzzer once answered with a 500 (fixed since): kept as fixed cases.

@@ -94,6 +94,8 @@ class FakeEngine:
         self.block_size = cfg.cache.block_size
         self.num_blocks = num_blocks
         self.error: str | None = None
+        self.tasks = frozenset({"generate"})  # a chat model: /v1/embeddings answers 400
+        self.embedding_size: int | None = None
         self.crash_next_step = False  # tests: kill the engine thread
         self.reply: bytes | None = None  # tests: every sequence answers this, one byte a token, then EOS
         self.steps_allowed = threading.Event()  # tests: clear it to hold the engine before its next step
@@ -157,6 +159,15 @@ class FakeEngine:
         self._pending_adds += 1
         self._inbox.append(("add", seqs))
         self._wake.set()
+
+    def add_embedding(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        dimensions: int | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        raise RequestError("model", "the fake engine does not embed")
 
     def abort(self, request_id: str) -> None:
         self._inbox.append(("abort", request_id))

@@ -11,7 +11,9 @@ bench/stress/fuzz_bodies.py.
 
 from __future__ import annotations
 
+import base64
 import http.client
+import math
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -116,6 +118,9 @@ CHAT_FIELDS = [
     "parallel_tool_calls",
 ]
 COMPLETION_FIELDS = [*COMMON_FIELDS, "prompt", "echo", "logprobs", "suffix"]
+EMBEDDING_FIELDS = ["model", "input", "encoding_format", "dimensions", "truncate_prompt_tokens", "user"]
+EMB = "/v1/embeddings"
+_FIELDS = {"chat": CHAT_FIELDS, "completion": COMPLETION_FIELDS, "embeddings": EMBEDDING_FIELDS}
 
 leaf = (
     st.none()
@@ -249,6 +254,11 @@ def _wild_values(name: str) -> st.SearchStrategy[Any]:
         "tool_choice": _tool_choice,
         "logit_bias": st.dictionaries(st.text(max_size=6), any_json, max_size=3),
         "model": st.sampled_from(["synthetic", "gpt-4", "/etc/passwd", "../synthetic", ""]) | any_json,
+        "input": text
+        | st.lists(text, max_size=4)
+        | st.lists(token_id, max_size=12)
+        | st.lists(st.lists(token_id, max_size=6), max_size=3),
+        "encoding_format": st.sampled_from(["float", "base64", "hex", "", "FLOAT"]) | any_json,
     }
     numeric = st.sampled_from(NASTY_NUMBERS) | st.integers(-10, 300) | st.floats(-3, 3)
     return specific.get(name, numeric) | any_json
@@ -321,6 +331,13 @@ _VALID: dict[str, st.SearchStrategy[Any]] = {
     | st.lists(_good_text, min_size=1, max_size=3)
     | _ids
     | st.lists(_ids, min_size=1, max_size=3),
+    "input": _good_text
+    | st.lists(_good_text, min_size=1, max_size=4)
+    | _ids
+    | st.lists(_ids, min_size=1, max_size=3),
+    "encoding_format": st.sampled_from(["float", "base64"]),
+    "dimensions": st.integers(1, 64),
+    "truncate_prompt_tokens": st.integers(-1, 300),
 }
 
 
@@ -334,7 +351,7 @@ def _field_values(name: str) -> st.SearchStrategy[Any]:
 @st.composite
 def random_body(draw: st.DrawFn, kind: str) -> bytes:
     """Anything: random JSON, a random object over the endpoint's field names, or not JSON."""
-    fields = CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS
+    fields = _FIELDS[kind]
     choice = draw(st.integers(0, 3))
     if choice == 0:
         return orjson.dumps(draw(any_json))
@@ -349,6 +366,8 @@ def random_body(draw: st.DrawFn, kind: str) -> bytes:
 
 
 def valid_body(kind: str, model: str) -> dict[str, Any]:
+    if kind == "embeddings":
+        return {"model": model, "input": ["Hello there", "General Kenobi"]}
     if kind == "chat":
         return {"model": model, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 4}
     return {"model": model, "prompt": "Once upon a time", "max_tokens": 4}
@@ -358,7 +377,7 @@ def valid_body(kind: str, model: str) -> dict[str, Any]:
 def almost_valid_body(draw: st.DrawFn, kind: str, model: str) -> bytes:
     """A valid request with some fields replaced, added or removed."""
     body = valid_body(kind, model)
-    fields = CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS
+    fields = _FIELDS[kind]
     for name in draw(st.lists(st.sampled_from(fields), min_size=1, max_size=5, unique=True)):
         body[name] = draw(_field_values(name))
     for name in draw(st.lists(st.sampled_from(sorted(body)), max_size=1)):
@@ -384,6 +403,21 @@ def sampling_body(draw: st.DrawFn, kind: str, model: str) -> bytes:
         body[name] = draw(_VALID[name])
     if kind == "chat" and draw(st.booleans()):
         body["logprobs"], body["top_logprobs"] = True, draw(st.integers(0, 20))
+    return orjson.dumps(body)
+
+
+@st.composite
+def embedding_body(draw: st.DrawFn, model: str, vocab_size: int, size: int, max_len: int) -> bytes:
+    """A valid /v1/embeddings request for a model of `vocab_size` ids, `size` components and inputs
+    of at most `max_len` tokens (over-long ones are asked to be truncated)."""
+    ids = st.lists(st.integers(0, vocab_size - 1), min_size=1, max_size=2 * max_len)
+    inputs = draw(st.lists(_good_text, min_size=1, max_size=6) | st.lists(ids, min_size=1, max_size=6))
+    body: dict[str, Any] = {"model": model, "input": inputs, "truncate_prompt_tokens": -1}
+    if draw(st.booleans()):
+        body["dimensions"] = draw(st.integers(1, size))
+    if draw(st.booleans()):
+        body["truncate_prompt_tokens"] = draw(st.integers(1, max_len))
+    body["encoding_format"] = draw(st.sampled_from(["float", "base64"]))
     return orjson.dumps(body)
 
 
@@ -436,6 +470,8 @@ class Client:
         assert status == 200, context
         if headers.get("content-type", "").startswith("text/event-stream"):
             check_sse(data, context)
+        elif path == EMB:
+            check_embeddings(orjson.loads(data), context)
         else:
             check_completion(orjson.loads(data), path == CHAT, context)
 
@@ -473,6 +509,24 @@ def check_completion(body: Any, chat: bool, context: str) -> None:
         assert isinstance(content, str), context
     usage = body["usage"]
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"], context
+
+
+def check_embeddings(body: Any, context: str) -> None:
+    assert body["object"] == "list" and body["data"], context
+    sizes = set()
+    for i, d in enumerate(body["data"]):
+        assert d["object"] == "embedding" and d["index"] == i, context
+        e = d["embedding"]
+        if isinstance(e, str):  # base64 of little-endian float32
+            raw = base64.b64decode(e, validate=True)
+            assert raw and len(raw) % 4 == 0, context
+            sizes.add(len(raw) // 4)
+        else:
+            assert e and all(isinstance(x, float) and math.isfinite(x) for x in e), context
+            sizes.add(len(e))
+    assert len(sizes) == 1, context  # one size for every input of a request
+    usage = body["usage"]
+    assert usage["prompt_tokens"] == usage["total_tokens"] > 0, context
 
 
 def check_sse(data: bytes, context: str) -> None:

@@ -64,7 +64,8 @@ def assert_all_released(engine: Any, srv: BackgroundServer | None = None, timeou
     assert stats.kv_blocks_used == 0, stats
     assert stats.running == 0 and stats.waiting == 0, stats
     assert engine.core.seqs == {}, list(engine.core.seqs)
-    assert not engine.core.scheduler.running and not engine.core.scheduler.waiting
+    sched = engine.core.scheduler
+    assert not sched.running and not sched.waiting and not sched.waiting_embed
 
 
 def assert_serves(srv: BackgroundServer, model: str) -> None:

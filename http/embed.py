@@ -1,0 +1,70 @@
+"""One /v1/embeddings request from parsed body to answer: one engine request per input, collected.
+
+Each input is its own engine sequence (`Engine.add_embedding`), so a batch of inputs is scheduled
+like any prompts, beside the chat streams, within the step's token budget; each finishes with one
+delta carrying its vector, routed by the dispatcher to this request's stream like a non-streamed
+completion's. Whatever way the handler ends, `finally` unregisters the inputs and aborts those
+still in the engine (their KV blocks come back within a step).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from aiohttp import web
+from rillet.core.errors import EngineDeadError, QueueFullError, RequestError
+from rillet.http.engine_api import EngineLike
+from rillet.http.openai.embeddings import EmbedRequest, embeddings_body
+from rillet.http.openai.errors import JSON_CONTENT_TYPE, bad_request, queue_full, unavailable
+from rillet.http.state import ServerState
+from rillet.http.stream.collect import collect_vectors
+from rillet.http.stream.request_stream import RequestStream
+
+
+async def run_embeddings(state: ServerState, engine: EngineLike, req: EmbedRequest) -> web.Response:
+    rid = "embd-" + uuid.uuid4().hex
+    engine_ids = tuple(f"{rid}-{i}" for i in range(len(req.inputs)))
+    stream = RequestStream(rid, len(req.inputs), engine_ids)
+    _submit(state, engine, req, stream)
+    state.metrics.prompt_tokens.inc(req.prompt_tokens)
+    clean = False
+    try:
+        vectors = await collect_vectors(stream)
+        clean = True
+    finally:
+        disp = state.dispatcher
+        for eid in engine_ids:
+            if disp is not None:
+                disp.unregister(eid)
+            if not (clean and stream.done_in_engine):
+                engine.abort(eid)
+    body = embeddings_body(engine.model_name, vectors, req.base64, req.prompt_tokens)
+    return web.Response(body=body, content_type=JSON_CONTENT_TYPE)
+
+
+def _submit(state: ServerState, engine: EngineLike, req: EmbedRequest, stream: RequestStream) -> None:
+    """Registers and adds every input; all or nothing."""
+    disp = state.dispatcher
+    assert disp is not None
+    timeout = state.cfg.server.request_timeout_s
+    deadline = time.monotonic() + timeout if timeout is not None else None
+    added: list[str] = []
+    try:
+        for i, ids in enumerate(req.inputs):
+            eid = stream.engine_ids[i]
+            disp.register(eid, stream, i)
+            engine.add_embedding(eid, ids, req.dimensions, deadline)
+            added.append(eid)
+    except Exception as exc:
+        for eid in stream.engine_ids:
+            disp.unregister(eid)
+        for eid in added:
+            engine.abort(eid)
+        if isinstance(exc, QueueFullError):
+            raise queue_full(str(exc)) from exc
+        if isinstance(exc, EngineDeadError):
+            raise unavailable("dead", str(exc)) from exc
+        if isinstance(exc, RequestError):  # the engine's own input checks
+            raise bad_request(f"'{exc.param}' {exc.message}", param=exc.param) from exc
+        raise
