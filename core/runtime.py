@@ -36,6 +36,8 @@ from rillet.core.model.decoder import DecoderModel
 from rillet.core.runner.base import Runner
 from rillet.core.runner.synthetic import SyntheticRunner
 from rillet.core.sequence import Seq
+from rillet.core.spec.setup import build_speculator
+from rillet.core.spec.speculator import Speculator
 from rillet.core.tokenizer.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -59,6 +61,7 @@ class Runtime:
     arch: ModelArch | None  # None for the synthetic model
     quantization: str = "none"  # resolved (never auto): int4 = the weights run as Int4Weight
     cluster: TPCluster | None = None  # tensor parallelism: the other ranks (rank 0's view)
+    speculator: Speculator | None = None  # speculative decoding (core/spec/), None when off
 
 
 def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime:
@@ -83,8 +86,9 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         eos = tuple(sorted(set(tokenizer.eos_token_ids) | set(model.arch.eos_token_ids)))
         own = model_runner(cfg, model, blocks.num_blocks, eos, device, precision.dtype)
         runner: Runner = own if cluster is None else cluster.wrap(own)
+        max_len = max_model_len(cfg, model.arch)
+        spec = build_speculator(cfg, model, eos, max_len, device, precision.dtype)
     report("ready", 1.0)
-    max_len = max_model_len(cfg, model.arch)
     _log_model(name, src, precision, device, model.arch, max_len, blocks, cfg.cache.block_size)
     return Runtime(
         tokenizer=tokenizer,
@@ -98,6 +102,7 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         arch=model.arch,
         quantization=precision.quantization,
         cluster=cluster,
+        speculator=spec,
     )
 
 

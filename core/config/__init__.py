@@ -21,6 +21,7 @@ from rillet.core.config.errors import ConfigError
 from rillet.core.config.loading import config_from_dict, config_to_dict, load_config
 from rillet.core.config.model import CacheConfig, Device, DType, ModelConfig, ModelKind
 from rillet.core.config.root import RilletConfig
+from rillet.core.config.speculative import SpeculativeConfig, SpecMethod
 from rillet.core.config.serving import (
     LoggingConfig,
     LogLevel,
@@ -50,6 +51,8 @@ __all__ = [
     "PrefillBackendName",
     "RilletConfig",
     "SchedulerConfig",
+    "SpecMethod",
+    "SpeculativeConfig",
     "ServerConfig",
     "StreamConfig",
     "StructuredConfig",

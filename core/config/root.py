@@ -13,6 +13,7 @@ from rillet.core.config.engine import (
 )
 from rillet.core.config.model import CacheConfig, ModelConfig
 from rillet.core.config.serving import LoggingConfig, ParallelConfig, ServerConfig, StreamConfig
+from rillet.core.config.speculative import SpeculativeConfig
 
 
 @dataclass(frozen=True)
@@ -27,4 +28,5 @@ class RilletConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     structured: StructuredConfig = field(default_factory=StructuredConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

@@ -4,6 +4,13 @@ Synchronously (overlap off) a step lands the step it launched: its tokens are po
 the next step is scheduled. With overlap on (core/engine/overlap.py) a step lands the previous one after
 launching its own, so the host's work on step N runs while the device runs step N+1.
 Threading lives in engine.py; this class is driven by exactly one thread and holds no locks.
+
+Speculative decoding (core/spec/): before scheduling, the speculator gives decoding sequences a
+draft; the step verifies it, and landing keeps the accepted run plus the model's own next token
+(each checked for stops, EOS, max_tokens and the context limit like any token, the run cut at the
+first that ends the sequence), published as one delta. The refused drafts' K/V slots roll back:
+num_computed drops to the accepted length and blocks past it go back to the pool. A step that
+may speculate, or that verified drafts, is landed before the next one is scheduled.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from rillet.core.errors import ErrorKind
 from rillet.core.outputs import SeqDelta, StepOutput
 from rillet.core.runner.base import FatalRunnerError, InflightStep, Runner, SampleResult
 from rillet.core.sequence import FinishReason, Seq, SeqStatus, TokenLogprob
+from rillet.core.spec.speculator import Speculator
+from rillet.core.spec.views import accepted_run
 from rillet.core.structured.matcher import GrammarViolation
 
 log = logging.getLogger(__name__)
@@ -43,6 +52,7 @@ class EngineCore:
         make_detokenizer: Callable[[Seq], IncrementalDetokenizer],
         max_model_len: int,
         overlap: bool = False,
+        spec: Speculator | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.blocks: BlockManager = scheduler.blocks
@@ -53,6 +63,8 @@ class EngineCore:
         self._detok: dict[int, IncrementalDetokenizer] = {}
         self.overlap = overlap
         self._inflight: InflightStep | None = None  # launched, not yet landed (overlap only)
+        self._inflight_verifies = False  # ... and it verifies drafts
+        self.spec = spec
         self._inflight_step = 0  # its step number
         self._landed_step = 0  # the number of the step whose tokens were post-processed last
         self._host_token_seqs = 0  # live sequences that make overlapped steps synchronous
@@ -116,18 +128,27 @@ class EngineCore:
         previous step's output there, so the front end's work on it overlaps the device's work
         instead of competing with the scheduling for the GIL."""
         deltas = self._expire_deadlines()
-        if self._inflight is not None and self._host_token_seqs:
+        spec = self.spec
+        if self._inflight is not None and (
+            self._host_token_seqs
+            or self._inflight_verifies
+            or (spec is not None and spec.active(len(self.scheduler.running)))
+        ):
             deltas.extend(self._land())  # synchronous fallback (core/engine/overlap.py)
+        if spec is not None:
+            spec.propose(self.scheduler.running)
         batch = self.scheduler.schedule()
         launched = None
+        verifies = False
         if batch.seqs:
             self.steps += 1
             if before_run is not None:
                 before_run()
             launched = self._launch(batch, deltas)
+            verifies = spec is not None and launched is not None and any(s.draft_ids for s in batch.seqs)
         if self._inflight is not None:
             deltas.extend(self._land())
-        self._inflight, self._inflight_step = launched, self.steps
+        self._inflight, self._inflight_step, self._inflight_verifies = launched, self.steps, verifies
         if not self.overlap and launched is not None:
             deltas.extend(self._land())
         # numbered by the step whose tokens it carries (the front end's inter-token clock)
@@ -154,6 +175,7 @@ class EngineCore:
     def _land(self) -> list[SeqDelta]:
         """Waits for the launched step's tokens and post-processes them."""
         launched, self._inflight = self._inflight, None
+        verifies, self._inflight_verifies = self._inflight_verifies, False
         assert launched is not None
         self._landed_step = self._inflight_step
         deltas: list[SeqDelta] = []
@@ -169,7 +191,10 @@ class EngineCore:
             self.wait_seconds += time.perf_counter() - t0
             for seq in launched.seqs:
                 seq.num_pending -= 1
-        deltas.extend(self._postprocess(launched.seqs, result))
+        if verifies:
+            deltas.extend(self._postprocess_runs(launched.seqs, result))
+        else:
+            deltas.extend(self._postprocess(launched.seqs, result))
         return deltas
 
     def _fail(self, seqs: list[Seq], exc: Exception, deltas: list[SeqDelta]) -> None:
@@ -208,10 +233,7 @@ class EngineCore:
                 if reason is not None:
                     self._finish(seq, reason)
             except Exception as exc:
-                log.exception("request %s failed in post-processing", seq.request_id)
-                kind = ErrorKind.GRAMMAR if isinstance(exc, GrammarViolation) else ErrorKind.OUTPUT
-                error = f"{type(exc).__name__}: {exc}"
-                deltas.extend(self.abort(seq.request_id, FinishReason.ERROR, error, kind))
+                deltas.extend(self._failed_output(seq, exc))
                 continue
             lp = logprobs[i]
             deltas.append(
@@ -235,11 +257,73 @@ class EngineCore:
         self.generated_tokens += appended
         return deltas
 
+    def _failed_output(self, seq: Seq, exc: Exception) -> list[SeqDelta]:
+        log.error("request %s failed in post-processing", seq.request_id, exc_info=exc)
+        kind = ErrorKind.GRAMMAR if isinstance(exc, GrammarViolation) else ErrorKind.OUTPUT
+        return self.abort(seq.request_id, FinishReason.ERROR, f"{type(exc).__name__}: {exc}", kind)
+
+    def _postprocess_runs(self, sampled: list[Seq], result: SampleResult) -> list[SeqDelta]:
+        """A step that verified drafts: result rows are per sampled position, 1 + len(draft_ids)
+        consecutive rows per sequence (core/spec/views.py). Each sequence keeps its accepted run
+        and the model's next token, token by token as `_postprocess` does, cut where it ends."""
+        deltas: list[SeqDelta] = []
+        now = time.monotonic()
+        spec = self.spec
+        assert spec is not None
+        tokens, logprobs = result.token_ids, result.logprobs
+        end = 0
+        for seq in sampled:
+            draft = seq.draft_ids
+            start, end = end, end + 1 + len(draft)
+            seq.draft_ids = []
+            if seq.status is SeqStatus.FINISHED:
+                continue  # aborted or expired while the step ran
+            accepted = accepted_run(draft, tokens[start:end])
+            run, lps = tokens[start : start + accepted + 1], logprobs[start : start + accepted + 1]
+            try:
+                text, reason, kept = self._add_run(seq, run, now)
+            except Exception as exc:
+                deltas.extend(self._failed_output(seq, exc))
+                continue
+            if draft:
+                spec.observe(seq, len(draft), accepted)
+            kept_lps = None if lps[0] is None else [lp for lp in lps[:kept] if lp is not None]
+            deltas.append(self._delta(seq, _Pending(run[:kept], text, kept_lps)))
+            if reason is None and draft:  # roll the refused drafts' K/V slots back
+                seq.num_computed = min(seq.num_computed, seq.num_tokens - 1)
+                self.blocks.truncate(seq, seq.num_tokens)
+                self.blocks.commit(seq)
+        return deltas
+
+    def _add_run(self, seq: Seq, run: list[int], now: float) -> tuple[str, FinishReason | None, int]:
+        """Appends `run` token by token until one ends the sequence: (text, finish, tokens kept)."""
+        out, detok = seq.output_ids, self._detok[seq.seq_id]
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        parts: list[str] = []
+        reason: FinishReason | None = None
+        for token in run:
+            out.append(token)
+            self.generated_tokens += 1
+            if seq.grammar is not None:
+                seq.grammar.accept(token)
+            text, reason = detok.add(token, len(out))
+            if reason is None and len(seq.prompt_ids) + len(out) >= self.max_model_len:
+                reason = FinishReason.LENGTH
+                text += detok.flush()
+            parts.append(text)
+            if reason is not None:
+                self._finish(seq, reason)
+                break
+        return "".join(parts), reason, len(parts)
+
     # ---- finishing ---------------------------------------------------------------------------
     def _finish(self, seq: Seq, reason: FinishReason) -> None:
         self._host_token_seqs -= needs_host_tokens(seq)
         self.scheduler.finish(seq, reason)
         self.runner.release(seq)
+        if self.spec is not None:
+            self.spec.release(seq)
         self._detok.pop(seq.seq_id, None)
         group = self.seqs.get(seq.request_id)
         if group is not None and all(s.is_finished for s in group):

@@ -104,7 +104,9 @@ class Engine:
         m, overlap = self.cfg.model, self.cfg.engine.overlap
         self.overlap, why = resolve_overlap(overlap, rt.device.type, m.kind, m.synthetic_async)
         log.info("engine overlap: %s", why)
-        self.core = EngineCore(rt.scheduler, rt.runner, rt.make_detokenizer, rt.max_model_len, self.overlap)
+        self.core = EngineCore(
+            rt.scheduler, rt.runner, rt.make_detokenizer, rt.max_model_len, self.overlap, rt.speculator
+        )
         vocab = rt.arch.vocab_size if rt.arch is not None else None
         self.grammars: GrammarCompiler | None
         self.grammars, self._no_grammar = attach_structured(
@@ -130,6 +132,8 @@ class Engine:
                 self._run()
         finally:
             self.runtime.runner.close()
+            if self.runtime.speculator is not None:
+                self.runtime.speculator.close()
             if self.runtime.cluster is not None:  # the other ranks stop with this thread
                 self.runtime.cluster.close(graceful=not self._dead)
 

@@ -19,7 +19,9 @@ from rillet.core.runner.sample_output import HostSample
 from rillet.core.runner.sampler import Sampler
 from rillet.core.runner.step_inputs import InputBuilder, StepInputs
 from rillet.core.sequence import Seq
-from rillet.core.structured.masks import MaskFiller
+from rillet.core.spec.grammar import verify_masks
+from rillet.core.spec.views import position_views
+from rillet.core.structured.masks import MaskFiller, PendingMask
 from rillet.graphs.interface import DecodeBatch
 from rillet.graphs.runner import GraphRunner
 
@@ -66,17 +68,24 @@ class ModelRunner:
     def launch(self, batch: ScheduledBatch) -> InflightStep:
         inp = self.inputs.build(batch)
         self.inputs.resolve_future(inp)
-        # the grammar masks of this step's constrained rows fill while the model runs
-        mask = self.masks.begin(inp.sample_seqs) if self.masks is not None else None
+        rows, seqs = inp.sample_seqs, inp.sample_seqs
+        mask: PendingMask | None = None
+        if inp.sample_offsets is not None:  # verifies drafts: each position sampled as a plain step
+            rows = position_views(seqs, inp.sample_offsets)
+            seqs = list(dict.fromkeys(seqs))  # once per sequence, in row order
+            if self.masks is not None:
+                mask = verify_masks(self.masks, inp.sample_seqs, inp.sample_offsets)
+        elif self.masks is not None:  # the grammar masks of the constrained rows fill while the model runs
+            mask = self.masks.begin(rows)
         if self.publish_inputs is not None:
             self.publish_inputs(inp)
         hidden = self._hidden(inp)
-        if not inp.sample_seqs:  # prefill chunks that sample nothing yet
+        if not rows:  # prefill chunks that sample nothing yet
             return _Launched([], HostSample(torch.empty(0, dtype=torch.int64), None, 0, None))
         logits = self.model.compute_logits(hidden)  # [S, V]
-        sample = self.sampler.sample_device(logits, inp.sample_seqs, mask)
+        sample = self.sampler.sample_device(logits, rows, mask)
         self.inputs.store_sampled(inp, sample.tokens)
-        return _Launched(inp.sample_seqs, sample.start_copy())
+        return _Launched(seqs, sample.start_copy())
 
     def _hidden(self, inp: StepInputs) -> torch.Tensor:  # [S, H]: the rows that sample
         m = inp.meta
