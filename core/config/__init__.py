@@ -21,7 +21,6 @@ from rillet.core.config.errors import ConfigError
 from rillet.core.config.loading import config_from_dict, config_to_dict, load_config
 from rillet.core.config.model import CacheConfig, Device, DType, ModelConfig, ModelKind
 from rillet.core.config.root import RilletConfig
-from rillet.core.config.speculative import SpeculativeConfig, SpecMethod
 from rillet.core.config.serving import (
     LoggingConfig,
     LogLevel,
@@ -30,6 +29,7 @@ from rillet.core.config.serving import (
     ServerConfig,
     StreamConfig,
 )
+from rillet.core.config.speculative import SpecMethod, SpeculativeConfig
 
 __all__ = [
     "AttentionBackendName",
@@ -51,9 +51,9 @@ __all__ = [
     "PrefillBackendName",
     "RilletConfig",
     "SchedulerConfig",
+    "ServerConfig",
     "SpecMethod",
     "SpeculativeConfig",
-    "ServerConfig",
     "StreamConfig",
     "StructuredConfig",
     "config_from_dict",

@@ -11,8 +11,9 @@ With overlapped steps (engine.overlap) a sequence may hold a pending token (samp
 flight, its id still on the device): it is scheduled as if that token were known (its decode input
 comes from the device), and not at all once its pending token is its last by max_tokens.
 Speculative decoding (core/spec/): a decoding sequence with a draft feeds 1 + len(draft) tokens (its
-last token, then the draft, all verified by the step). A draft is cut to the token budget, and
-dropped rather than preempting anyone for its blocks.
+last token, then the draft, all verified by the step). A draft is cut to the token budget left
+after one token for each running sequence behind it, and dropped rather than preempting anyone
+for its blocks.
 No tensors and no CUDA here: the scheduler is plain Python and unit-tested on CPU.
 """
 
@@ -87,8 +88,8 @@ class Scheduler:
                 i += 1  # its last token is in flight: it finishes when the host sees it
                 continue
             n = len(seq.prompt_ids) + outputs + pending - seq.num_computed
-            if seq.draft_ids:
-                n = _with_draft(seq, n, budget)
+            if seq.draft_ids:  # leaves a token of the budget to each running sequence after it
+                n = _with_draft(seq, n, budget - (len(running) - i - 1))
             n = n if n < budget else budget
             end = seq.num_computed + n
             if end > len(seq.block_table) * block_size:
@@ -136,8 +137,8 @@ class Scheduler:
 
 
 def _with_draft(seq: Seq, n: int, budget: int) -> int:
-    """Tokens a sequence with a draft feeds: its n known ones, then as much of the draft as the
-    budget leaves room for (the draft is cut to that)."""
+    """Tokens a sequence with a draft feeds: its n known ones, then as much of the draft as
+    `budget` leaves room for (the draft is cut to that)."""
     room = budget - n
     if len(seq.draft_ids) > room:
         seq.draft_ids = seq.draft_ids[: max(0, room)]

@@ -35,7 +35,9 @@ class SpecStats:
 
 
 class Speculator:
-    def __init__(self, cfg: SpeculativeConfig, drafter: Drafter, max_model_len: int, eos: tuple[int, ...]) -> None:
+    def __init__(
+        self, cfg: SpeculativeConfig, drafter: Drafter, max_model_len: int, eos: tuple[int, ...]
+    ) -> None:
         self.cfg = cfg
         self.drafter = drafter
         self.max_model_len = max_model_len
