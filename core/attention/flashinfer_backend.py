@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, get_args
 
 import torch
-from rillet.core.attention.base import AttentionBackend, AttentionMetadata, DecodeMetadata
+from rillet.core.attention.base import AttentionBackend, AttentionMetadata, StepMetadata
 from rillet.core.config import FlashinferPrefillKernels
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # flashinfer's recommended float workspace (split-k partials)
@@ -184,7 +184,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         v: torch.Tensor,  # [T, Hkv, D]
         k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
         v_cache: torch.Tensor,
-        meta: AttentionMetadata | DecodeMetadata,  # reads slot_mapping; begin_step planned the rest
+        meta: StepMetadata,  # reads slot_mapping; begin_step planned the rest
         scale: float,
     ) -> torch.Tensor:  # [T, Hq, D]
         if abs(scale - self.sm_scale) > 1e-6 * self.sm_scale:

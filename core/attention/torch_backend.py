@@ -14,8 +14,15 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from rillet.core.attention.base import AttentionBackend, AttentionMetadata, DecodeMetadata
+from rillet.core.attention.base import (
+    AttentionBackend,
+    AttentionMetadata,
+    DecodeMetadata,
+    StepMetadata,
+    VerifyMetadata,
+)
 from rillet.core.attention.paged_decode import paged_decode_attention
+from rillet.core.attention.paged_verify import paged_verify_attention
 
 
 def write_kv(
@@ -64,11 +71,13 @@ class TorchAttentionBackend(AttentionBackend):
         v: torch.Tensor,  # [T, Hkv, D]
         k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
         v_cache: torch.Tensor,
-        meta: AttentionMetadata | DecodeMetadata,
+        meta: StepMetadata,
         scale: float,
     ) -> torch.Tensor:  # [T, Hq, D]
         if isinstance(meta, DecodeMetadata):  # the graph-safe decode step (compiled / captured)
             return paged_decode_attention(q, k, v, k_cache, v_cache, meta, scale)
+        if isinstance(meta, VerifyMetadata):  # the graph-safe speculative verify step
+            return paged_verify_attention(q, k, v, k_cache, v_cache, meta, scale)
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         qlens, slens = meta.query_lens_cpu, meta.seq_lens_cpu
         n_pre = meta.num_prefills

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
-from rillet.core.attention.base import AttentionBackend, AttentionMetadata, DecodeMetadata
+from rillet.core.attention.base import AttentionBackend, StepMetadata
 from rillet.core.model.arch import ModelArch
 from rillet.core.model.rope import RotaryEmbedding, apply_rope
 from rillet.core.quant.int4 import Int8Weight, lin, quantize_module_weights
@@ -56,7 +56,7 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,  # [T, 1, D/2]
         sin: torch.Tensor,
         kv_cache: KVCache,
-        meta: AttentionMetadata | DecodeMetadata,
+        meta: StepMetadata,
     ) -> torch.Tensor:  # [T, H]
         t, d, nq, nkv = x.shape[0], self.head_dim, self.n_q, self.n_kv
         h = F.rms_norm(x, self.input_layernorm.shape, self.input_layernorm, self.eps)
@@ -107,7 +107,7 @@ class DecoderModel(nn.Module):
         input_ids: torch.Tensor,  # [T] int64
         positions: torch.Tensor,  # [T] int64
         kv_caches: list[KVCache],  # one per layer
-        meta: AttentionMetadata | DecodeMetadata,
+        meta: StepMetadata,
     ) -> torch.Tensor:  # [T, H], after the final norm
         x = F.embedding(input_ids, self.embed_tokens)
         cos, sin = self.rope.cos_sin(positions)

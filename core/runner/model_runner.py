@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from rillet.core.attention.base import VerifyMetadata
 from rillet.core.engine.scheduler import ScheduledBatch
 from rillet.core.model.decoder import DecoderModel, KVCache
 from rillet.core.runner.base import InflightStep, SampleResult
@@ -20,6 +21,7 @@ from rillet.core.runner.sampler import Sampler
 from rillet.core.runner.step_inputs import InputBuilder, StepInputs
 from rillet.core.sequence import Seq
 from rillet.core.spec.grammar import verify_masks
+from rillet.core.spec.verify_layout import padded_verify_batch
 from rillet.core.spec.views import position_views
 from rillet.core.structured.masks import MaskFiller, PendingMask
 from rillet.graphs.interface import DecodeBatch
@@ -90,6 +92,10 @@ class ModelRunner:
     def _hidden(self, inp: StepInputs) -> torch.Tensor:  # [S, H]: the rows that sample
         m = inp.meta
         gr = self.graph_runner
+        if inp.verify_only and self.publish_inputs is None:
+            hidden = self._verify_hidden(inp)
+            if hidden is not None:
+                return hidden
         if gr is not None and m.is_decode_only and gr.takes(m.num_seqs):
             hidden = gr.run(
                 DecodeBatch(
@@ -112,6 +118,29 @@ class ModelRunner:
             # not the prompt's end looks like a decode row but samples nothing
             hidden = hidden.index_select(0, inp.sample_rows)
         return hidden
+
+    def _verify_hidden(self, inp: StepInputs) -> torch.Tensor | None:
+        """A verify-only step in the padded [rows, Q] layout (core/spec/verify_layout.py): through
+        the verify graph when one takes it, else eager over the graph-safe verify attention (one
+        batched attention instead of one per row). None: the flat layout's eager path runs it
+        (no graph-safe backend, or under tensor parallelism, whose ranks run the flat layout)."""
+        gr = self.graph_runner
+        graph = gr is not None and gr.verify_queries > 0 and gr.takes_verify(inp.meta.num_seqs)
+        if not graph and not self.model.backend.graph_safe_decode:
+            return None
+        q = gr.verify_queries if graph and gr is not None else max(inp.meta.query_lens_cpu)
+        laid = padded_verify_batch(inp, q)
+        if laid is None:
+            return None
+        batch, rows = laid
+        if graph and gr is not None:
+            hidden = gr.run_verify(batch)  # [B * Q, H]
+        else:
+            meta = VerifyMetadata(batch.slot_mapping, batch.seq_lens, batch.query_lens, batch.block_tables)
+            hidden = self.model(
+                batch.input_ids.reshape(-1), batch.positions.reshape(-1), self.kv_caches, meta
+            )
+        return hidden.index_select(0, rows)  # every token of a verify-only step samples, in order
 
     def release(self, seq: Seq) -> None:
         self.sampler.release(seq.seq_id)
