@@ -41,7 +41,9 @@ def test_compiled_verify_matches_eager(tiny_hf_model: Any) -> None:
             assert gr.compiled is not None
             gr.compiled.ready = compiled  # off: decode and verify steps run eager
             try:
-                params = [SamplingParams(max_tokens=14 + i, temperature=0.0, ignore_eos=True) for i in range(n)]
+                params = [
+                    SamplingParams(max_tokens=14 + i, temperature=0.0, ignore_eos=True) for i in range(n)
+                ]
                 return [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:n], params)]
             finally:
                 gr.compiled.ready = True

@@ -11,8 +11,7 @@ import torch
 from rillet.core.attention import paged_verify
 from rillet.core.attention.base import VerifyMetadata
 from rillet.core.attention.paged_verify import paged_verify_attention
-
-from test_attention_torch import BS, D, HKV, HQ, NUM_BLOCKS, SCALE, reference  # noqa: I001
+from test_attention_torch import BS, HKV, HQ, NUM_BLOCKS, SCALE, D, reference
 
 
 def run(rows: list[tuple[int, int]], nq: int, fused: bool, seed: int = 0) -> None:
