@@ -87,7 +87,9 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         own = model_runner(cfg, model, blocks.num_blocks, eos, device, precision.dtype)
         runner: Runner = own if cluster is None else cluster.wrap(own)
         max_len = max_model_len(cfg, model.arch)
-        spec = build_speculator(cfg, model, eos, max_len, device, precision.dtype)
+        spec = build_speculator(
+            cfg, model, eos, max_len, device, precision.dtype, blocks.num_blocks, tokenizer
+        )
     report("ready", 1.0)
     _log_model(name, src, precision, device, model.arch, max_len, blocks, cfg.cache.block_size)
     return Runtime(

@@ -130,8 +130,12 @@ class BlockManager:
         blocks of tokens the sequence has, and refused drafts never were its tokens."""
         keep = -(-num_tokens // self.block_size)
         table = seq.block_table
-        while len(table) > keep:
-            b = table.pop()
+        if len(table) <= keep:
+            return
+        # a new list: whoever mirrors the table (the runner's device copy, step_inputs.py) sees a
+        # different table, not one that may regrow to the same length with other blocks
+        seq.block_table = table[:keep]
+        for b in reversed(table[keep:]):
             assert b not in self._key_of, f"block {b} past the accepted end is registered"
             self._unref(b)
 

@@ -13,6 +13,7 @@ from rillet.core.spec.speculator import Speculator
 if TYPE_CHECKING:
     import torch
     from rillet.core.model.decoder import DecoderModel
+    from rillet.core.tokenizer.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +25,12 @@ def build_speculator(
     max_model_len: int,
     device: torch.device,
     dtype: torch.dtype,
+    num_blocks: int = 0,
+    tokenizer: Tokenizer | None = None,
 ) -> Speculator | None:
-    """`target`: the served model (None: the null engine, which never speculates)."""
+    """`target`: the served model (None: the null engine, which never speculates); `num_blocks`
+    and `tokenizer`: the target's KV pool size and tokenizer (the draft model's are checked
+    against them)."""
     sc = cfg.speculative
     if not sc.enabled:
         return None
@@ -39,7 +44,8 @@ def build_speculator(
     else:
         from rillet.core.spec.draft_model import load_draft_drafter
 
-        drafter = load_draft_drafter(cfg, target, device, dtype)
+        assert tokenizer is not None
+        drafter = load_draft_drafter(cfg, target, device, dtype, num_blocks, tokenizer)
         what = f"draft model {sc.draft_model}"
     log.info(
         "speculative decoding: %s, up to %d tokens a step, while <= %d sequences run",

@@ -19,7 +19,9 @@ from rillet.core.runtime import Runtime, load_runtime
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sampling_params import SamplingParams as P
 from rillet.core.sequence import FinishReason
+from rillet.core.spec.draft_model import DraftModelDrafter
 from rillet.core.spec.ngram import NgramDrafter
+from rillet.core.spec.setup import build_speculator
 from rillet.core.spec.speculator import Speculator
 from workload import EOS, WORKLOAD, Req, Run, check_deltas, drive, prompt, save_eos_model
 
@@ -91,6 +93,41 @@ def test_the_workload_gives_the_same_outputs_with_speculation(runtime: Runtime, 
     assert any(fast.tokens()[k][-1] == EOS for k, f in finishes.items() if f is FinishReason.STOP)
     # several tokens of one sequence reached the front end as one delta
     assert max(len(d.token_ids) for ds in fast.deltas.values() for d in ds) > 1
+
+
+@pytest.mark.parametrize("draft", ["itself", "another"])
+def test_a_draft_model_gives_the_same_outputs(
+    runtime: Runtime, eos_model: Path, tiny_hf_model: Any, draft: str
+) -> None:
+    """The draft model drafts greedily with its own KV pool (rolled back with the target's): the
+    model itself (its greedy drafts are right unless a seeded row draws otherwise), or another
+    random model with the same tokenizer (mostly wrong)."""
+    folder = eos_model if draft == "itself" else tiny_hf_model("llama", seed=1, num_hidden_layers=1)[0]
+    cfg = config_from_dict(
+        {
+            "model": {"path": str(eos_model), "kind": "hf", "dtype": "float32"},
+            "cache": {"num_blocks": 22, "block_size": 8},
+            "speculative": {"method": "draft", "draft_model": str(folder), "max_batch": 8, "num_tokens": 3},
+        }
+    )
+    rt = runtime
+    spec = build_speculator(
+        cfg, rt.runner.model, (EOS,), rt.max_model_len, torch.device("cpu"), torch.float32, 22, rt.tokenizer
+    )
+    assert spec is not None
+    workload = WORKLOAD + GROUNDED
+    plain = drive(rt, overlap=False, workload=workload)
+    fast = drive(rt, overlap=False, workload=workload, spec=spec)
+    same_outputs(plain, fast, workload)
+    st = spec.stats
+    assert st.accepted > 0
+    if draft == "itself":
+        assert st.accepted > st.drafted // 2
+    drafter = spec.drafter
+    assert isinstance(drafter, DraftModelDrafter)
+    drafter.blocks.check_integrity()
+    assert not drafter._shadow and drafter.blocks.num_used == 0  # every finished sequence let go
+    spec.close()
 
 
 def test_no_speculation_above_max_batch(runtime: Runtime) -> None:

@@ -162,8 +162,11 @@ def test_truncate_gives_back_the_blocks_past_the_accepted_end() -> None:
     assert blocks.grow(s, 6 + 1 + 5)  # the last token + 5 drafts: 12 slots, 3 blocks
     assert len(s.block_table) == 3
     s.output_ids += [9, 9]  # one draft accepted + the model's token: 8 tokens
+    table = s.block_table
     blocks.truncate(s, s.num_tokens)
     assert len(s.block_table) == 2 and blocks.num_used == 2
+    # a new list: the runner's mirror of the table must not take a regrown table for the old one
+    assert s.block_table is not table and s.block_table == table[:2]
     blocks.free(s)
     blocks.check_integrity()
 
