@@ -50,6 +50,9 @@ class EngineStats:
     ring_full_waits: int = 0
     handoff_timeouts: int = 0  # model runs started after waiting stream.handoff_timeout_ms for the loop
     device_wait_seconds: float = 0.0  # of busy_seconds: blocked waiting for launched steps' tokens
+    spec_drafted: int = 0  # speculative decoding: draft tokens verified
+    spec_accepted: int = 0  # ... of them accepted
+    spec_verified: int = 0  # sequence-steps that verified a draft (each also gains the model's token)
 
 
 # Inbox items: a new request's sequences, or the id of a request to abort.
@@ -220,6 +223,7 @@ class Engine:
 
     def stats(self) -> EngineStats:
         blocks = self.core.blocks
+        spec = self.core.spec.stats if self.core.spec is not None else None
         return EngineStats(
             running=self.core.num_running,
             waiting=self.core.num_waiting + self._added - self._taken,
@@ -235,6 +239,9 @@ class Engine:
             ring_full_waits=self.ring.full_waits,
             handoff_timeouts=self.ring.release_timeouts,
             device_wait_seconds=self.core.wait_seconds,
+            spec_drafted=spec.drafted if spec else 0,
+            spec_accepted=spec.accepted if spec else 0,
+            spec_verified=spec.verified if spec else 0,
         )
 
     # ---- the engine thread ---------------------------------------------------------------------
