@@ -120,9 +120,10 @@ class VerifyBuffers:
         self.block_tables[start * width : stop * width].fill_(PAD_BLOCK)
 
 
-def mark_verify_dynamic(batch: VerifyBatch) -> None:
-    """The row count and the block-table width as symbols (Q stays a constant)."""
-    mark = torch._dynamo.mark_dynamic
+def mark_verify_dynamic(batch: VerifyBatch, strict: bool = True) -> None:
+    """The row count and the block-table width as symbols (Q stays a constant). Not `strict`: a
+    model that specialises one recompiles instead of failing (CUDA capture, as the decode step's)."""
+    mark = torch._dynamo.mark_dynamic if strict else torch._dynamo.maybe_mark_dynamic
     mark(batch.block_tables, 1)
     for t in (
         batch.input_ids,
