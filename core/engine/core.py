@@ -6,11 +6,8 @@ launching its own, so the host's work on step N runs while the device runs step 
 Threading lives in engine.py; this class is driven by exactly one thread and holds no locks.
 
 Speculative decoding (core/spec/): before scheduling, the speculator gives decoding sequences a
-draft; the step verifies it, and landing keeps the accepted run plus the model's own next token
-(each checked for stops, EOS, max_tokens and the context limit like any token, the run cut at the
-first that ends the sequence), published as one delta. The refused drafts' K/V slots roll back:
-num_computed drops to the accepted length and blocks past it go back to the pool. A step that
-may speculate, or that verified drafts, is landed before the next one is scheduled.
+draft; the step verifies it and lands through runs.py. A step that may speculate, or that
+verified drafts, is landed before the next one is scheduled.
 """
 
 from __future__ import annotations
@@ -23,13 +20,13 @@ from dataclasses import dataclass
 from rillet.core.engine.block_manager import BlockManager
 from rillet.core.engine.detokenizer import IncrementalDetokenizer
 from rillet.core.engine.overlap import needs_host_tokens
+from rillet.core.engine.runs import RunLanding
 from rillet.core.engine.scheduler import ScheduledBatch, Scheduler
 from rillet.core.errors import ErrorKind
 from rillet.core.outputs import SeqDelta, StepOutput
 from rillet.core.runner.base import FatalRunnerError, InflightStep, Runner, SampleResult
 from rillet.core.sequence import FinishReason, Seq, SeqStatus, TokenLogprob
 from rillet.core.spec.speculator import Speculator
-from rillet.core.spec.views import accepted_run
 from rillet.core.structured.matcher import GrammarViolation
 
 log = logging.getLogger(__name__)
@@ -44,7 +41,7 @@ class _Pending:
     logprobs: list[TokenLogprob] | None
 
 
-class EngineCore:
+class EngineCore(RunLanding):
     def __init__(
         self,
         scheduler: Scheduler,
@@ -261,61 +258,6 @@ class EngineCore:
         log.error("request %s failed in post-processing", seq.request_id, exc_info=exc)
         kind = ErrorKind.GRAMMAR if isinstance(exc, GrammarViolation) else ErrorKind.OUTPUT
         return self.abort(seq.request_id, FinishReason.ERROR, f"{type(exc).__name__}: {exc}", kind)
-
-    def _postprocess_runs(self, sampled: list[Seq], result: SampleResult) -> list[SeqDelta]:
-        """A step that verified drafts: result rows are per sampled position, 1 + len(draft_ids)
-        consecutive rows per sequence (core/spec/views.py). Each sequence keeps its accepted run
-        and the model's next token, token by token as `_postprocess` does, cut where it ends."""
-        deltas: list[SeqDelta] = []
-        now = time.monotonic()
-        spec = self.spec
-        assert spec is not None
-        tokens, logprobs = result.token_ids, result.logprobs
-        end = 0
-        for seq in sampled:
-            draft = seq.draft_ids
-            start, end = end, end + 1 + len(draft)
-            seq.draft_ids = []
-            if seq.status is SeqStatus.FINISHED:
-                continue  # aborted or expired while the step ran
-            accepted = accepted_run(draft, tokens[start:end])
-            run, lps = tokens[start : start + accepted + 1], logprobs[start : start + accepted + 1]
-            try:
-                text, reason, kept = self._add_run(seq, run, now)
-            except Exception as exc:
-                deltas.extend(self._failed_output(seq, exc))
-                continue
-            if draft:
-                spec.observe(seq, len(draft), accepted)
-            kept_lps = None if lps[0] is None else [lp for lp in lps[:kept] if lp is not None]
-            deltas.append(self._delta(seq, _Pending(run[:kept], text, kept_lps)))
-            if reason is None and draft:  # roll the refused drafts' K/V slots back
-                seq.num_computed = min(seq.num_computed, seq.num_tokens - 1)
-                self.blocks.truncate(seq, seq.num_tokens)
-                self.blocks.commit(seq)
-        return deltas
-
-    def _add_run(self, seq: Seq, run: list[int], now: float) -> tuple[str, FinishReason | None, int]:
-        """Appends `run` token by token until one ends the sequence: (text, finish, tokens kept)."""
-        out, detok = seq.output_ids, self._detok[seq.seq_id]
-        if seq.first_token_time is None:
-            seq.first_token_time = now
-        parts: list[str] = []
-        reason: FinishReason | None = None
-        for token in run:
-            out.append(token)
-            self.generated_tokens += 1
-            if seq.grammar is not None:
-                seq.grammar.accept(token)
-            text, reason = detok.add(token, len(out))
-            if reason is None and len(seq.prompt_ids) + len(out) >= self.max_model_len:
-                reason = FinishReason.LENGTH
-                text += detok.flush()
-            parts.append(text)
-            if reason is not None:
-                self._finish(seq, reason)
-                break
-        return "".join(parts), reason, len(parts)
 
     # ---- finishing ---------------------------------------------------------------------------
     def _finish(self, seq: Seq, reason: FinishReason) -> None:

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drivers.workload import EOS, WORKLOAD, Req, check_deltas, drive, prompt, save_eos_model
 from rillet.core.config import config_from_dict
 from rillet.core.runtime import Runtime, load_runtime
 from rillet.core.sampling_params import SamplingParams as P
 from rillet.core.sequence import FinishReason
-from workload import EOS, WORKLOAD, Req, check_deltas, drive, prompt, save_eos_model
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from drivers.workload import EOS, WORKLOAD, Req, Run, check_deltas, drive, prompt, save_eos_model
 from rillet.core.config import RilletConfig, config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.runtime import Runtime, load_runtime
@@ -23,7 +24,6 @@ from rillet.core.spec.draft_model import DraftModelDrafter
 from rillet.core.spec.ngram import NgramDrafter
 from rillet.core.spec.setup import build_speculator
 from rillet.core.spec.speculator import Speculator
-from workload import EOS, WORKLOAD, Req, Run, check_deltas, drive, prompt, save_eos_model
 
 # input-grounded requests: their outputs repeat what came before, so drafts get accepted
 GROUNDED = [

@@ -1,5 +1,6 @@
 """A mixed engine workload driven step by step through `EngineCore`, recording every delta
-(imported by name): the overlap and speculative-decoding tests run it in two modes and compare.
+(`from drivers.workload import ...`): the overlap and speculative-decoding tests run it in two
+modes and compare.
 
 The workload: greedy and seeded, n > 1, stop strings, EOS, max_tokens, min_tokens, logprobs, a
 penalised request (synchronous steps under overlap), an abort mid-stream, staggered arrivals and
