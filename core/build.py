@@ -232,6 +232,7 @@ def _graph_runner(
     if mode == "eager":
         return None
     compile_mode, how = resolve_compile_mode(cfg.graphs.compile_mode, device, model.int4_weights)
+    verify_q = _verify_queries(cfg, model)
     log.info("decode step compile mode: %s (%s)", compile_mode, how)
     graphs = GraphRunner(
         DecoderGraphAdapter(model, kv, cfg.cache.block_size),
@@ -239,6 +240,8 @@ def _graph_runner(
         max_num_seqs=cfg.scheduler.max_num_seqs,
         max_blocks_per_seq=max_blocks_per_seq(cfg, model.arch),
         device=device,
+        verify_queries=verify_q,
+        verify_max_rows=cfg.speculative.max_batch,
     )
     if mode == "cuda_graphs":
         graphs.capture()
@@ -248,6 +251,20 @@ def _graph_runner(
         log.info("compile caches (Inductor FX graph, AOTAutograd): %s", where)
         graphs.start_compile(background=True)
     return graphs
+
+
+def _verify_queries(cfg: RilletConfig, model: DecoderModel) -> int:
+    """Q of the speculative verify step's graph (graphs/verify.py): 1 + speculative.num_tokens
+    queries a row, for up to speculative.max_batch rows. 0 (no verify graph) when speculation is
+    off, under tensor parallelism (the ranks verify in the flat layout, eager), or for a backend
+    without a verify step."""
+    sc = cfg.speculative
+    backend = model.backend
+    if not sc.enabled or cfg.parallel.tensor_parallel_size > 1:
+        return 0
+    if not backend.graph_safe_decode and not hasattr(backend, "begin_verify"):
+        return 0
+    return 1 + sc.num_tokens
 
 
 def _decode_mode(cfg: RilletConfig, model: DecoderModel, device: torch.device) -> tuple[str, str]:

@@ -39,6 +39,8 @@ from rillet.core.runner.base import Runner
 from rillet.core.runner.pooling import ChunkPooler
 from rillet.core.runner.synthetic import SYNTHETIC_EMBEDDING_SIZE, SyntheticRunner
 from rillet.core.sequence import Seq
+from rillet.core.spec.setup import build_speculator
+from rillet.core.spec.speculator import Speculator
 from rillet.core.tokenizer.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -66,6 +68,7 @@ class Runtime:
     pooling: Pooling | None = None  # how embeddings are pooled; None: the model does not embed
     embedding_size: int | None = None  # components of an embedding (before `dimensions`)
     encoder: bool = False  # embeddings run whole, without KV (a BERT-family encoder)
+    speculator: Speculator | None = None  # speculative decoding (core/spec/), None when off
 
 
 def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime:
@@ -97,10 +100,15 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         if setup.pooling is not None:
             own.pooler = ChunkPooler(setup.pooling)
         runner: Runner = own if cluster is None else cluster.wrap(own)
+        max_len = max_model_len(cfg, model.arch)
+        if "generate" not in setup.tasks and src.st is not None and src.st.max_seq_length is not None:
+            max_len = min(max_len, src.st.max_seq_length)  # as sentence-transformers cuts its inputs
+        spec = None
+        if "generate" in setup.tasks:  # embeddings never decode: nothing to speculate
+            spec = build_speculator(
+                cfg, model, eos, max_len, device, precision.dtype, blocks.num_blocks, tokenizer
+            )
     report("ready", 1.0)
-    max_len = max_model_len(cfg, model.arch)
-    if "generate" not in setup.tasks and src.st is not None and src.st.max_seq_length is not None:
-        max_len = min(max_len, src.st.max_seq_length)  # as sentence-transformers cuts its inputs
     _log_model(name, src, precision, device, model.arch, max_len, blocks, cfg.cache.block_size)
     return Runtime(
         tokenizer=tokenizer,
@@ -117,6 +125,7 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         tasks=setup.tasks,
         pooling=setup.pooling,
         embedding_size=model.arch.hidden_size if setup.pooling is not None else None,
+        speculator=spec,
     )
 
 

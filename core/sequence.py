@@ -8,6 +8,8 @@ Counters, all in tokens:
   num_cached          of the prompt, tokens reused from the prefix cache at the last admission
   num_pending         sampled on the device, not yet seen by the host (overlap: <= 1 when scheduling)
   num_scheduled_tokens  num_tokens + num_pending: the length the scheduler plans with
+  len(draft_ids)      speculative decoding: tokens proposed for this step, fed after the last one
+                      and verified by the step's forward (core/spec/); never part of num_tokens
 Invariant while RUNNING: num_computed <= num_scheduled_tokens and the block table covers
 num_computed tokens (plus the slots being written this step). With overlap, num_computed may pass
 num_tokens by the pending token: its K/V is written by the step in flight, its id is on the device.
@@ -73,6 +75,8 @@ class Seq:
     # Its params say max_tokens 1, so the scheduler's pending-token rule keeps it from being
     # scheduled again once its last chunk is in flight (the pooled vector is that "token").
     embed: EmbedParams | None = None
+    # speculative decoding: this step's draft (set before scheduling, cleared once the step lands)
+    draft_ids: list[int] = field(default_factory=list)
 
     @property
     def prompt_len(self) -> int:

@@ -38,10 +38,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar, cast
 
 import torch
 from rillet.graphs.interface import DecodeBatch, DecodeModel
 from rillet.graphs.static_buffers import StaticBuffers
+from rillet.graphs.verify import CompiledVerify
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +62,7 @@ COMPILE_NICE = 10  # added to the compile thread's nice value: the engine thread
 COMPILE_SWITCH_INTERVAL_S = 0.0005
 
 DecodeFn = Callable[[DecodeBatch], torch.Tensor]
+StepFn = TypeVar("StepFn", bound=Callable[..., torch.Tensor])
 
 
 def set_compile_cache_dir(base: Path) -> Path:
@@ -117,7 +120,7 @@ def _frozen_weights(on: bool) -> Iterator[None]:
         yield
 
 
-def compile_decode(fn: DecodeFn, mode: str) -> DecodeFn:
+def compile_decode(fn: StepFn, mode: str) -> StepFn:
     """torch.compile with no graph breaks allowed; mode "none" = fn itself.
 
     Compiles a fresh wrapper with a code object of its own: dynamo keeps its compiled entries
@@ -130,11 +133,11 @@ def compile_decode(fn: DecodeFn, mode: str) -> DecodeFn:
         logger.info("graphs.compile_mode 'reduce-overhead': compiling with 'default' (graphs are ours)")
         mode = "default"
 
-    def decode_step(batch: DecodeBatch) -> torch.Tensor:
+    def decode_step(batch: object) -> torch.Tensor:
         return fn(batch)
 
     decode_step.__code__ = decode_step.__code__.replace(co_name=f"decode_step_{id(decode_step):x}")
-    return torch.compile(decode_step, fullgraph=True, mode=mode)
+    return cast(StepFn, torch.compile(decode_step, fullgraph=True, mode=mode))
 
 
 def mark_batch_dynamic(batch: DecodeBatch, width: bool = False, strict: bool = False) -> None:
@@ -164,8 +167,10 @@ class CompiledDecode:
         device: torch.device,
         check_faster: bool,
         with_batch_1: bool,
+        verify: CompiledVerify | None = None,
     ) -> None:
         self.model = model
+        self.verify = verify  # speculative decoding: compiled after the decode graphs
         self.device = device
         self.compile_mode = compile_mode
         self.check_faster = check_faster  # graphs.enabled auto: keep it only when measured faster
@@ -276,6 +281,8 @@ class CompiledDecode:
             mark_batch_dynamic(one, width=True, strict=True)
             self._timed("batch 1", one)
             self.ready_1 = not self.check_faster
+        if self.verify is not None and not self._stopping.is_set():
+            self._compile_verify(self.verify)
         logger.info(
             "decode step compiled in %.1f s (%s)",
             time.perf_counter() - total,
@@ -287,6 +294,16 @@ class CompiledDecode:
             logger.info("decode step: timing the compiled step against eager on the engine thread")
         else:
             self.settled = True
+
+    def _compile_verify(self, verify: CompiledVerify) -> None:
+        """A failed verify compile leaves verify steps eager; the decode graphs stay in use."""
+        try:
+            with _frozen_weights(self.freeze):
+                verify.compile()
+            self.seconds["verify"] = verify.seconds
+        except Exception as exc:
+            verify.failed = _summary(exc)
+            logger.warning("compiled verify step off, verifying eager: compile failed (%s)", verify.failed)
 
     def _decide(self) -> None:
         """graphs.enabled auto, on the model's thread: keep the compiled step if it is no slower."""

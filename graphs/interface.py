@@ -1,4 +1,5 @@
-"""What graphs/ sees of a model: one decode step over a batch of rows, and the padding convention.
+"""What graphs/ sees of a model: one decode step over a batch of rows (and a speculative verify
+step, Q query tokens per row), and the padding convention.
 
 graphs/ never imports rillet.core; the core side adapts its model to `DecodeModel` (usually a few
 lines around its model forward and its attention backend's `begin_step`).
@@ -43,6 +44,31 @@ class DecodeBatch:
         return len(self.seq_lens_cpu)
 
 
+@dataclass(frozen=True)
+class VerifyBatch:
+    """n rows of a speculative verify step, Q query tokens each (the row's last token and its
+    drafts, padded to Q): query i of row r sits at position seq_lens[r] - query_lens[r] + i and
+    attends causally over the row's paged context. Padding queries (i >= query_lens[r]) take token
+    0 at position 0 into slot 0; padding rows are decode padding rows with query_lens 1."""
+
+    input_ids: torch.Tensor  # [n, Q] int64
+    positions: torch.Tensor  # [n, Q] int64
+    slot_mapping: torch.Tensor  # [n, Q] int64
+    seq_lens: torch.Tensor  # [n] int32: context length after this step
+    query_lens: torch.Tensor  # [n] int32: real queries of each row (1..Q)
+    block_tables: torch.Tensor  # [n, W] int32, unused columns 0
+    seq_lens_cpu: list[int]  # [n] host copies, for host-side planning only
+    query_lens_cpu: list[int]
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def num_queries(self) -> int:  # Q
+        return int(self.input_ids.shape[1])
+
+
 class DecodeModel(Protocol):
     """The model side of a graphed decode step.
 
@@ -61,6 +87,15 @@ class DecodeModel(Protocol):
     def prepare_decode(self, batch: DecodeBatch) -> None: ...
 
     def forward_decode(self, batch: DecodeBatch) -> torch.Tensor: ...
+
+
+class VerifyModel(Protocol):
+    """The model side of a graphed speculative verify step: as DecodeModel, over a VerifyBatch;
+    `forward_verify` returns n * Q output rows, row r's queries at [r * Q, (r + 1) * Q)."""
+
+    def prepare_verify(self, batch: VerifyBatch) -> None: ...
+
+    def forward_verify(self, batch: VerifyBatch) -> torch.Tensor: ...
 
 
 class GraphSettings(Protocol):

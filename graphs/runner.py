@@ -24,13 +24,14 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from rillet.graphs.buckets import resolve_buckets, select_bucket
 from rillet.graphs.compiled import MIN_WIDTH, CompiledDecode, compile_decode, mark_batch_dynamic
-from rillet.graphs.interface import DecodeBatch, DecodeModel, GraphSettings
+from rillet.graphs.interface import DecodeBatch, DecodeModel, GraphSettings, VerifyBatch, VerifyModel
 from rillet.graphs.static_buffers import StaticBuffers
+from rillet.graphs.verify import CompiledVerify, VerifyBuffers, mark_verify_dynamic
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +76,13 @@ class GraphRunner:
         device: torch.device | str,
         pad_eager: bool = False,
         pad_to_buckets: bool | None = None,
+        verify_queries: int = 0,
+        verify_max_rows: int = 0,
     ) -> None:
         """`pad_to_buckets`: run the compiled CPU step padded to buckets as CUDA graphs are
-        (None = only on CUDA, where it is required)."""
+        (None = only on CUDA, where it is required). `verify_queries`: Q of the speculative verify
+        step (0 = none; the model is then also a VerifyModel), run as a graph for batches of up to
+        `verify_max_rows` rows (graphs/verify.py)."""
         self.model = model
         self.device = torch.device(device)
         self.buckets = resolve_buckets(settings.buckets, max_num_seqs)
@@ -88,6 +93,20 @@ class GraphRunner:
         self.compile_mode = "default" if settings.compile_mode == "auto" else settings.compile_mode
         self.pad_to_buckets = self.use_graphs if pad_to_buckets is None else pad_to_buckets
         self.compiled: CompiledDecode | None = None
+        self.verify_queries = verify_queries
+        self.verify_buckets: tuple[int, ...] = ()
+        self.verify_compiled: CompiledVerify | None = None
+        self.verify_static: VerifyBuffers | None = None
+        if verify_queries and self.mode != "eager":
+            vmodel = cast(VerifyModel, model)
+            self.verify_buckets = _verify_buckets(self.buckets, verify_max_rows)
+            rows = max(self.verify_buckets[-1], 2)
+            self.verify_static = VerifyBuffers.allocate(rows, verify_queries, max_blocks_per_seq, self.device)
+            if self.mode == "compiled":
+                fn = compile_decode(vmodel.forward_verify, self.compile_mode)
+                self.verify_compiled = CompiledVerify(
+                    vmodel, fn, verify_queries, max_blocks_per_seq, self.device
+                )
         if self.mode == "compiled":
             self.compiled = CompiledDecode(
                 model,
@@ -96,6 +115,7 @@ class GraphRunner:
                 device=self.device,
                 check_faster=settings.enabled == "auto",
                 with_batch_1=self.buckets[0] == 1,
+                verify=self.verify_compiled,
             )
         self.padded = self.use_graphs or pad_eager
         self.static: StaticBuffers | None = None
@@ -104,6 +124,9 @@ class GraphRunner:
             self.static = StaticBuffers.allocate(rows, max_blocks_per_seq, self.device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, torch.Tensor] = {}
+        self._verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._verify_outputs: dict[int, torch.Tensor] = {}
+        self.num_verify_runs = 0  # verify steps through a graph (captured or compiled)
         self.num_replays = 0  # CUDA graph replays, and calls of the compiled CPU step
         self.num_padded_eager = 0
         self.num_eager = 0
@@ -168,6 +191,51 @@ class GraphRunner:
         with torch.inference_mode():  # as compiled: under another grad mode a guard would recompile
             return self.compiled(inputs)[:b]
 
+    # ---- speculative verify steps ------------------------------------------------------------
+    def takes_verify(self, b: int) -> bool:
+        """Whether run_verify() would give a b-row verify step a graph."""
+        if self.verify_static is None or b > self.verify_static.max_rows:
+            return False
+        if self.compiled is not None:
+            cv = self.verify_compiled
+            return self.compiled.ready and cv is not None and cv.ready
+        bucket = select_bucket(b, self.verify_buckets) if b <= self.verify_buckets[-1] else None
+        return bucket is not None and bucket in self._verify_graphs
+
+    def run_verify(self, batch: VerifyBatch) -> torch.Tensor:  # [b * Q, ...]
+        """One verify step through its graph (call only when takes_verify says so)."""
+        assert self.verify_static is not None
+        b, q = batch.num_rows, batch.num_queries
+        vmodel = cast(VerifyModel, self.model)
+        self.num_verify_runs += 1
+        if self.verify_compiled is not None:
+            rows = CompiledVerify.rows_for(b)
+            width = min(max(batch.block_tables.shape[1], MIN_WIDTH), self.verify_static.max_blocks_per_seq)
+            inputs = self.verify_static.fill(batch, rows, width)
+            vmodel.prepare_verify(inputs)
+            with torch.inference_mode():
+                return self.verify_compiled(inputs)[: b * q]
+        bucket = select_bucket(b, self.verify_buckets)
+        assert bucket is not None
+        vmodel.prepare_verify(self.verify_static.fill(batch, bucket))
+        self._verify_graphs[bucket].replay()
+        return self._verify_outputs[bucket][: b * q]
+
+    def _capture_verify(self, fn: Callable[[VerifyBatch], torch.Tensor], rows: int, pool: Any) -> None:
+        assert self.verify_static is not None
+        batch = self.verify_static.padding(rows)
+        vmodel = cast(VerifyModel, self.model)
+        vmodel.prepare_verify(batch)
+        if rows > 1:
+            mark_verify_dynamic(batch, strict=False)
+        for _ in range(WARMUP_RUNS):
+            fn(batch)
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = fn(batch)
+        self._verify_graphs[rows], self._verify_outputs[rows] = graph, out
+
     def capture(self) -> None:
         """Compile and capture one graph per bucket, largest first, into one memory pool."""
         if not self.use_graphs or self.static is None:
@@ -178,6 +246,10 @@ class GraphRunner:
         with torch.inference_mode(), _recompile_limit(4 * len(self.buckets) + 8):
             for n in reversed(self.buckets):
                 self._graphs[n], self._outputs[n] = self._capture_one(fn, n, pool)
+            if self.verify_queries:
+                verify = compile_decode(cast(VerifyModel, self.model).forward_verify, self.compile_mode)
+                for n in reversed(self.verify_buckets):
+                    self._capture_verify(verify, n, pool)
         torch.cuda.synchronize(self.device)
         logger.info(
             "captured %d decode graphs (batch sizes %s) in %.1f s, compile_mode=%s",
@@ -222,3 +294,11 @@ def _recompile_limit(limit: int) -> Iterator[None]:
     present = {n: max(limit, getattr(dynamo_config, n)) for n in names if hasattr(dynamo_config, n)}
     with dynamo_config.patch(present):
         yield
+
+
+def _verify_buckets(buckets: tuple[int, ...], max_rows: int) -> tuple[int, ...]:
+    """Decode buckets up to the first that holds `max_rows` rows (verify steps never have more:
+    no sequence drafts while more than speculative.max_batch run)."""
+    top = select_bucket(max(1, min(max_rows, buckets[-1])), buckets)
+    assert top is not None
+    return tuple(b for b in buckets if b <= top)

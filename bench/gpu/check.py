@@ -146,7 +146,7 @@ def start_watchdog(res: Results) -> threading.Timer:
     return timer
 
 
-PART_KEYS = ("bw", "build", "b", "c", "d", "greedy7b", "logits", "greedy")  # --only takes these
+PART_KEYS = ("bw", "build", "b", "c", "d", "greedy7b", "spec", "logits", "greedy")  # --only takes these
 
 
 def setup_seconds() -> float:
@@ -173,7 +173,7 @@ def run_all(res: Results, only: set[str]) -> None:
 
     bw = part("bw", "copy bandwidth", lambda: g.part_env_and_bandwidth(p))
     tb_s = bw if isinstance(bw, float) else None
-    uses_big = not only or bool(only & {"build", "greedy7b", "b", "c", "d"})
+    uses_big = not only or bool(only & {"build", "greedy7b", "b", "c", "d", "spec"})
     built = (
         run_part(
             res,
@@ -192,6 +192,7 @@ def run_all(res: Results, only: set[str]) -> None:
             part("c", "(c) batch-64 decode", lambda: g.part_c(p, big, tb_s))
             part("d", "(d) stream vs non-stream", lambda: g.part_d(p, big, "bench.gpu.check"))
             part("greedy7b", "(a) greedy 7B", lambda: g.part_greedy(p, "7B", big, mode))
+            part("spec", "(e) verify step", lambda: g.part_spec(p, big))
         finally:
             big.close()
             del big, built

@@ -172,6 +172,27 @@ def part_greedy(p: Plan, role: str, graph_llm: LLM | None, compile_mode: str) ->
     )
 
 
+def part_spec(p: Plan, llm: Any) -> Part:
+    """Speculative decoding, the cost side (bench/gpu/speculative.py): a verify step's forward with
+    k draft tokens a row against a decode step's, batch 1 and 16. INFO: the price of a step that
+    may yield up to 1 + k tokens (the default model's acceptance decides whether it pays)."""
+    from bench.gpu.speculative import verify_cost
+
+    data = verify_cost(llm, p.b_context, p.iters)
+    rows = [
+        row(
+            f"(e) b={s['rows']} k={s['k']}",
+            f"{s['verify_ms']:.2f} ms",
+            "",
+            f"decode {s['decode_ms']:.2f} ms",
+            "INFO",
+            f"x{s['ratio']:.2f} of a decode step",
+        )
+        for s in data["steps"]
+    ]
+    return Part(data, rows)
+
+
 def part_b(p: Plan, llm: Any, tb_s: float | None) -> Part:
     bw = tb_s or README_COPY_TB_S
     t = step_timing(llm, 1, p.b_context, p.iters, p.warmup)

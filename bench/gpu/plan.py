@@ -47,6 +47,7 @@ PARTS: tuple[tuple[str, str, float], ...] = (
     ("(c) batch-64 decode", "c", 40),
     ("(d) stream vs non-stream", "d", 60),
     ("(a) greedy 7B", "greedy7b", 40),  # builds an eager 7B engine beside the graphed one
+    ("(e) verify step", "spec", 45),  # speculative decoding: verify vs decode forward, k = 1..8
     ("(a) logits 7B", "logits", 40),
     ("(a) logits default", "logits", 20),
     ("(a) greedy default", "greedy", 90),  # compiles the default shape's buckets

@@ -55,13 +55,30 @@ class DecodeMetadata:
     block_tables: torch.Tensor  # [B, W] int32, unused columns 0 (the dummy block)
 
 
+@dataclass(frozen=True)
+class VerifyMetadata:
+    """A verify step's attention inputs (speculative decoding), tensors only: each row feeds Q
+    query tokens (its last token and its drafts, padded to Q), causal among themselves, over its
+    paged context (attention/paged_verify.py). Query i of row b sits at position
+    seq_lens[b] - query_lens[b] + i; queries i >= query_lens[b] are padding (slot 0, outputs unused)."""
+
+    slot_mapping: torch.Tensor  # [B, Q] int64, >= 0 (padding: 0, the dummy block's slot)
+    seq_lens: torch.Tensor  # [B] int32, >= 1: context length after this step
+    query_lens: torch.Tensor  # [B] int32, 1..Q: real query tokens of each row
+    block_tables: torch.Tensor  # [B, W] int32, unused columns 0
+
+
+StepMetadata = AttentionMetadata | DecodeMetadata | VerifyMetadata
+
+
 class AttentionBackend(ABC):
     """Writes this step's K/V into the paged cache and attends over it."""
 
     name: str = "base"
     # True when forward() reads only device tensors planned in begin_step(): safe to capture.
     supports_cuda_graphs: bool = False
-    # True when forward() takes a DecodeMetadata for decode steps (tensors only, no planning)
+    # True when forward() takes a DecodeMetadata for decode steps (tensors only, no planning), and
+    # a VerifyMetadata for speculative verify steps
     graph_safe_decode: bool = False
 
     def begin_step(self, meta: AttentionMetadata) -> None:  # noqa: B027 - optional hook
@@ -75,7 +92,7 @@ class AttentionBackend(ABC):
         v: torch.Tensor,  # [T, Hkv, D]
         k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
         v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
-        meta: AttentionMetadata | DecodeMetadata,
+        meta: StepMetadata,
         scale: float,
         *,
         window: int | None = None,

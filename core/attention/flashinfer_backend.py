@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, get_args
 
 import torch
-from rillet.core.attention.base import AttentionBackend, AttentionMetadata, DecodeMetadata
+from rillet.core.attention.base import AttentionBackend, AttentionMetadata, StepMetadata
 from rillet.core.config import FlashinferPrefillKernels
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # flashinfer's recommended float workspace (split-k partials)
@@ -124,6 +124,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             self._workspace, "NHD", use_tensor_cores=self.tensor_cores
         )
         self._graph_decode = self._graph_wrappers(flashinfer, graph_batch_sizes, max_blocks_per_seq)
+        self._graph_verify: dict[int, Any] = {}  # rows -> prefill wrapper of verify steps (begin_verify)
         self._active: Any = None  # the wrapper planned for this step
         self._planned: torch.cuda.Event | None = None  # recorded after the last plan()'s copies
         self._op = _register_attention_op(self)
@@ -190,7 +191,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         v: torch.Tensor,  # [T, Hkv, D]
         k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
         v_cache: torch.Tensor,
-        meta: AttentionMetadata | DecodeMetadata,  # reads slot_mapping; begin_step planned the rest
+        meta: StepMetadata,  # reads slot_mapping; begin_step planned the rest
         scale: float,
         *,
         window: int | None = None,
@@ -201,7 +202,64 @@ class FlashInferAttentionBackend(AttentionBackend):
             raise ValueError(unsupported_options(window, softcap))
         if abs(scale - self.sm_scale) > 1e-6 * self.sm_scale:
             raise ValueError(f"flashinfer backend planned sm_scale {self.sm_scale}, forward got {scale}")
-        return self._op(q.contiguous(), k, v, k_cache, v_cache, meta.slot_mapping)
+        # a verify step's slots are [rows, Q]
+        return self._op(q.contiguous(), k, v, k_cache, v_cache, meta.slot_mapping.reshape(-1))
+
+    def begin_verify(self, batch: Any, block_size: int) -> None:
+        """Plans a speculative verify step in the padded layout (graphs/interface.py VerifyBatch:
+        n rows of Q queries, causal). Row r's KV length is planned as seq_len - query_len + Q, so
+        that with flashinfer's bottom-right aligned causal mask its real queries see exactly their
+        context, and its padding queries (outputs unused, K/V written to the dummy slot) see stale
+        slots past it. A row count seen before gets a CUDA-graph prefill wrapper of its own (fixed
+        buffers, planned here before each replay); written for the GPU, not run on one yet."""
+        if self._planned is not None:
+            self._planned.synchronize()
+        n, nq = batch.input_ids.shape
+        width = batch.block_tables.shape[1]
+        lens = [
+            min(s - ql + nq, width * block_size)
+            for s, ql in zip(batch.seq_lens_cpu, batch.query_lens_cpu, strict=True)
+        ]
+        kv_indptr, last_page_len, pages = paged_kv_host(lens, block_size)
+        indices = page_indices(batch.block_tables, kv_indptr, pages)
+        qo = torch.arange(0, (n + 1) * nq, nq, dtype=torch.int32)
+        wrapper = self._verify_wrapper(n, width)
+        heads = (self.num_heads, self.num_kv_heads, self.head_dim, block_size)
+        wrapper.plan(
+            qo,
+            kv_indptr,
+            indices,
+            last_page_len,
+            *heads,
+            causal=True,
+            sm_scale=self.sm_scale,
+            q_data_type=self.dtype,
+            kv_data_type=self.dtype,
+        )
+        self._active = wrapper
+        if self.device.type == "cuda":
+            self._planned = torch.cuda.Event()
+            self._planned.record()
+
+    def _verify_wrapper(self, rows: int, width: int) -> Any:
+        """The CUDA-graph prefill wrapper for verify steps of `rows` rows (made on first use)."""
+        wrappers = self._graph_verify
+        wrapper = wrappers.get(rows)
+        if wrapper is None:
+            import flashinfer
+
+            wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                self._workspace,
+                "NHD",
+                use_cuda_graph=True,
+                qo_indptr_buf=torch.zeros(rows + 1, dtype=torch.int32, device=self.device),
+                paged_kv_indptr_buf=torch.zeros(rows + 1, dtype=torch.int32, device=self.device),
+                paged_kv_indices_buf=torch.zeros(rows * width, dtype=torch.int32, device=self.device),
+                paged_kv_last_page_len_buf=torch.ones(rows, dtype=torch.int32, device=self.device),
+                backend=self.prefill_backend,
+            )
+            wrappers[rows] = wrapper
+        return wrapper
 
     def attend(
         self,

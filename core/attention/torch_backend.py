@@ -16,8 +16,15 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from rillet.core.attention.base import AttentionBackend, AttentionMetadata, DecodeMetadata
+from rillet.core.attention.base import (
+    AttentionBackend,
+    AttentionMetadata,
+    DecodeMetadata,
+    StepMetadata,
+    VerifyMetadata,
+)
 from rillet.core.attention.paged_decode import paged_decode_attention
+from rillet.core.attention.paged_verify import paged_verify_attention
 
 
 def write_kv(
@@ -66,7 +73,7 @@ class TorchAttentionBackend(AttentionBackend):
         v: torch.Tensor,  # [T, Hkv, D]
         k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
         v_cache: torch.Tensor,
-        meta: AttentionMetadata | DecodeMetadata,
+        meta: StepMetadata,
         scale: float,
         *,
         window: int | None = None,
@@ -74,6 +81,10 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:  # [T, Hq, D]
         if isinstance(meta, DecodeMetadata):  # the graph-safe decode step (compiled / captured)
             return paged_decode_attention(
+                q, k, v, k_cache, v_cache, meta, scale, window=window, softcap=softcap
+            )
+        if isinstance(meta, VerifyMetadata):  # the graph-safe speculative verify step
+            return paged_verify_attention(
                 q, k, v, k_cache, v_cache, meta, scale, window=window, softcap=softcap
             )
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)

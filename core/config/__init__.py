@@ -30,6 +30,7 @@ from rillet.core.config.serving import (
     ServerConfig,
     StreamConfig,
 )
+from rillet.core.config.speculative import SpecMethod, SpeculativeConfig
 
 __all__ = [
     "AttentionBackendName",
@@ -53,6 +54,8 @@ __all__ = [
     "RilletConfig",
     "SchedulerConfig",
     "ServerConfig",
+    "SpecMethod",
+    "SpeculativeConfig",
     "StreamConfig",
     "StructuredConfig",
     "config_from_dict",

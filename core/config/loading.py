@@ -38,7 +38,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 continue
         raise ConfigError(key, f"expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
-        if isinstance(value, bool) and "on" in get_args(tp):
+        if isinstance(value, bool) and ("on" in get_args(tp) or "off" in get_args(tp)):
             value = "on" if value else "off"  # YAML 1.1 reads a bare on/off as a boolean
         if value in get_args(tp):
             return value

@@ -14,6 +14,7 @@ from rillet.core.config.engine import (
 from rillet.core.config.model import CacheConfig, ModelConfig
 from rillet.core.config.responses import ResponsesConfig
 from rillet.core.config.serving import LoggingConfig, ParallelConfig, ServerConfig, StreamConfig
+from rillet.core.config.speculative import SpeculativeConfig
 
 
 @dataclass(frozen=True)
@@ -29,4 +30,5 @@ class RilletConfig:
     structured: StructuredConfig = field(default_factory=StructuredConfig)
     responses: ResponsesConfig = field(default_factory=ResponsesConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

@@ -124,6 +124,21 @@ class BlockManager:
         seq.block_table.extend(self._take() for _ in range(need))
         return True
 
+    def truncate(self, seq: Seq, num_tokens: int) -> None:
+        """Gives back the blocks past the first `num_tokens` tokens' (speculative decoding: the
+        slots of refused draft tokens). They hold no registered block: commit() registers only
+        blocks of tokens the sequence has, and refused drafts never were its tokens."""
+        keep = -(-num_tokens // self.block_size)
+        table = seq.block_table
+        if len(table) <= keep:
+            return
+        # a new list: whoever mirrors the table (the runner's device copy, step_inputs.py) sees a
+        # different table, not one that may regrow to the same length with other blocks
+        seq.block_table = table[:keep]
+        for b in reversed(table[keep:]):
+            assert b not in self._key_of, f"block {b} past the accepted end is registered"
+            self._unref(b)
+
     # ---- after a step: register newly full blocks --------------------------------------------
     def commit(self, seq: Seq) -> None:
         """Call once `seq.num_computed` has advanced: full blocks become findable by later requests.

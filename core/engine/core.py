@@ -4,6 +4,10 @@ Synchronously (overlap off) a step lands the step it launched: its tokens are po
 the next step is scheduled. With overlap on (core/engine/overlap.py) a step lands the previous one after
 launching its own, so the host's work on step N runs while the device runs step N+1.
 Threading lives in engine.py; this class is driven by exactly one thread and holds no locks.
+
+Speculative decoding (core/spec/): before scheduling, the speculator gives decoding sequences a
+draft; the step verifies it and lands through runs.py. A step that may speculate, or that
+verified drafts, is landed before the next one is scheduled.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ from rillet.core.engine.block_manager import BlockManager
 from rillet.core.engine.detokenizer import IncrementalDetokenizer
 from rillet.core.engine.embed_share import EmbedShare
 from rillet.core.engine.overlap import needs_host_tokens
+from rillet.core.engine.runs import RunLanding
 from rillet.core.engine.scheduler import ScheduledBatch, Scheduler
 from rillet.core.errors import ErrorKind
 from rillet.core.outputs import SeqDelta, StepOutput
 from rillet.core.runner.base import FatalRunnerError, InflightStep, Runner, SampleResult
 from rillet.core.sequence import FinishReason, Seq, SeqStatus, TokenLogprob
+from rillet.core.spec.speculator import Speculator
 from rillet.core.structured.matcher import GrammarViolation
 
 log = logging.getLogger(__name__)
@@ -36,7 +42,7 @@ class _Pending:
     logprobs: list[TokenLogprob] | None
 
 
-class EngineCore:
+class EngineCore(RunLanding):
     def __init__(
         self,
         scheduler: Scheduler,
@@ -44,6 +50,7 @@ class EngineCore:
         make_detokenizer: Callable[[Seq], IncrementalDetokenizer],
         max_model_len: int,
         overlap: bool = False,
+        spec: Speculator | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.blocks: BlockManager = scheduler.blocks
@@ -54,6 +61,8 @@ class EngineCore:
         self._detok: dict[int, IncrementalDetokenizer] = {}
         self.overlap = overlap
         self._inflight: InflightStep | None = None  # launched, not yet landed (overlap only)
+        self._inflight_verifies = False  # ... and it verifies drafts
+        self.spec = spec
         self._inflight_step = 0  # its step number
         self._landed_step = 0  # the number of the step whose tokens were post-processed last
         self._host_token_seqs = 0  # live sequences that make overlapped steps synchronous
@@ -121,21 +130,30 @@ class EngineCore:
         instead of competing with the scheduling for the GIL."""
         t0 = time.perf_counter()
         deltas = self._expire_deadlines()
-        if self._inflight is not None and self._host_token_seqs:
+        spec = self.spec
+        if self._inflight is not None and (
+            self._host_token_seqs
+            or self._inflight_verifies
+            or (spec is not None and spec.active(len(self.scheduler.running)))
+        ):
             deltas.extend(self._land())  # synchronous fallback (core/engine/overlap.py)
         share = self.embed_share if self.scheduler.num_embeds else None
         if share is not None:
             self.scheduler.embed_cap = share.cap(self.scheduler.has_generation, t0)
+        if spec is not None:
+            spec.propose(self.scheduler.running)
         batch = self.scheduler.schedule()
         launched = None
+        verifies = False
         if batch.seqs:
             self.steps += 1
             if before_run is not None:
                 before_run()
             launched = self._launch(batch, deltas)
+            verifies = spec is not None and launched is not None and any(s.draft_ids for s in batch.seqs)
         if self._inflight is not None:
             deltas.extend(self._land())
-        self._inflight, self._inflight_step = launched, self.steps
+        self._inflight, self._inflight_step, self._inflight_verifies = launched, self.steps, verifies
         if not self.overlap and launched is not None:
             deltas.extend(self._land())
         if share is not None and batch.seqs:
@@ -167,6 +185,7 @@ class EngineCore:
     def _land(self) -> list[SeqDelta]:
         """Waits for the launched step's tokens and post-processes them."""
         launched, self._inflight = self._inflight, None
+        verifies, self._inflight_verifies = self._inflight_verifies, False
         assert launched is not None
         self._landed_step = self._inflight_step
         deltas: list[SeqDelta] = []
@@ -184,11 +203,16 @@ class EngineCore:
                 seq.num_pending -= 1
         seqs = launched.seqs
         if result.embeddings:  # the pooled sequences follow the sampled ones
-            n = len(result.token_ids)
-            deltas.extend(self._postprocess(seqs[:n], result))
-            deltas.extend(self._publish_embeddings(seqs[n:], result.embeddings))
+            n = len(seqs) - len(result.embeddings)
+            sampled, pooled = seqs[:n], seqs[n:]
         else:
-            deltas.extend(self._postprocess(seqs, result))
+            sampled, pooled = seqs, []
+        if verifies:
+            deltas.extend(self._postprocess_runs(sampled, result))
+        else:
+            deltas.extend(self._postprocess(sampled, result))
+        if pooled:
+            deltas.extend(self._publish_embeddings(pooled, result.embeddings))
         return deltas
 
     def _fail(self, seqs: list[Seq], exc: Exception, deltas: list[SeqDelta]) -> None:
@@ -227,10 +251,7 @@ class EngineCore:
                 if reason is not None:
                     self._finish(seq, reason)
             except Exception as exc:
-                log.exception("request %s failed in post-processing", seq.request_id)
-                kind = ErrorKind.GRAMMAR if isinstance(exc, GrammarViolation) else ErrorKind.OUTPUT
-                error = f"{type(exc).__name__}: {exc}"
-                deltas.extend(self.abort(seq.request_id, FinishReason.ERROR, error, kind))
+                deltas.extend(self._failed_output(seq, exc))
                 continue
             lp = logprobs[i]
             deltas.append(
@@ -268,11 +289,18 @@ class EngineCore:
             deltas.append(delta)
         return deltas
 
+    def _failed_output(self, seq: Seq, exc: Exception) -> list[SeqDelta]:
+        log.error("request %s failed in post-processing", seq.request_id, exc_info=exc)
+        kind = ErrorKind.GRAMMAR if isinstance(exc, GrammarViolation) else ErrorKind.OUTPUT
+        return self.abort(seq.request_id, FinishReason.ERROR, f"{type(exc).__name__}: {exc}", kind)
+
     # ---- finishing ---------------------------------------------------------------------------
     def _finish(self, seq: Seq, reason: FinishReason) -> None:
         self._host_token_seqs -= needs_host_tokens(seq)
         self.scheduler.finish(seq, reason)
         self.runner.release(seq)
+        if self.spec is not None:
+            self.spec.release(seq)
         self._detok.pop(seq.seq_id, None)
         group = self.seqs.get(seq.request_id)
         if group is not None and all(s.is_finished for s in group):

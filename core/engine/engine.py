@@ -52,6 +52,9 @@ class EngineStats:
     handoff_timeouts: int = 0  # model runs started after waiting stream.handoff_timeout_ms for the loop
     handoff_wait_seconds: float = 0.0  # of busy_seconds: waiting for the loop to take the last step
     device_wait_seconds: float = 0.0  # of busy_seconds: blocked waiting for launched steps' tokens
+    spec_drafted: int = 0  # speculative decoding: draft tokens verified
+    spec_accepted: int = 0  # ... of them accepted
+    spec_verified: int = 0  # sequence-steps that verified a draft (each also gains the model's token)
 
 
 # Inbox items: a new request's sequences, or the id of a request to abort.
@@ -108,7 +111,9 @@ class Engine:
         m, overlap = self.cfg.model, self.cfg.engine.overlap
         self.overlap, why = resolve_overlap(overlap, rt.device.type, m.kind, m.synthetic_async)
         log.info("engine overlap: %s", why)
-        self.core = EngineCore(rt.scheduler, rt.runner, rt.make_detokenizer, rt.max_model_len, self.overlap)
+        self.core = EngineCore(
+            rt.scheduler, rt.runner, rt.make_detokenizer, rt.max_model_len, self.overlap, rt.speculator
+        )
         self.tasks = rt.tasks
         self.embedding_size = rt.embedding_size  # components of a vector; None: no embeddings
         self._embed_every_token = rt.pooling is not None and rt.pooling.every_token
@@ -141,6 +146,8 @@ class Engine:
                 self._run()
         finally:
             self.runtime.runner.close()
+            if self.runtime.speculator is not None:
+                self.runtime.speculator.close()
             if self.runtime.cluster is not None:  # the other ranks stop with this thread
                 self.runtime.cluster.close(graceful=not self._dead)
 
@@ -263,6 +270,7 @@ class Engine:
 
     def stats(self) -> EngineStats:
         blocks = self.core.blocks
+        spec = self.core.spec.stats if self.core.spec is not None else None
         return EngineStats(
             running=self.core.num_running,
             waiting=self.core.num_waiting + self._added - self._taken,
@@ -279,6 +287,9 @@ class Engine:
             handoff_timeouts=self.ring.release_timeouts,
             handoff_wait_seconds=self.ring.release_wait_s,
             device_wait_seconds=self.core.wait_seconds,
+            spec_drafted=spec.drafted if spec else 0,
+            spec_accepted=spec.accepted if spec else 0,
+            spec_verified=spec.verified if spec else 0,
         )
 
     # ---- the engine thread ---------------------------------------------------------------------

@@ -14,6 +14,10 @@ in flight (a pending "token": the pooled vector) they are not scheduled again.
 With overlapped steps (engine.overlap) a sequence may hold a pending token (sampled by the step in
 flight, its id still on the device): it is scheduled as if that token were known (its decode input
 comes from the device), and not at all once its pending token is its last by max_tokens.
+Speculative decoding (core/spec/): a decoding sequence with a draft feeds 1 + len(draft) tokens (its
+last token, then the draft, all verified by the step). A draft is cut to the token budget left
+after one token for each running sequence behind it, and dropped rather than preempting anyone
+for its blocks.
 No tensors and no CUDA here: the scheduler is plain Python and unit-tested on CPU.
 """
 
@@ -119,6 +123,8 @@ class Scheduler:
                 i += 1  # its last token is in flight: it finishes when the host sees it
                 continue
             n = len(seq.prompt_ids) + outputs + pending - seq.num_computed
+            if seq.draft_ids:  # leaves a token of the budget to each running sequence after it
+                n = _with_draft(seq, n, budget - (len(running) - i - 1))
             n = n if n < budget else budget
             if embeds and seq.embed is not None:
                 if room is not None:
@@ -132,6 +138,11 @@ class Scheduler:
             end = seq.num_computed + n
             if end > len(seq.block_table) * block_size:
                 while not self.blocks.grow(seq, end):
+                    if seq.draft_ids:  # a draft never preempts anyone: it goes first
+                        n -= len(seq.draft_ids)
+                        seq.draft_ids = []
+                        end = seq.num_computed + n
+                        continue
                     victim = running[-1]
                     self._preempt(victim)
                     batch.preempted.append(victim)
@@ -176,7 +187,17 @@ class Scheduler:
     def _preempt(self, seq: Seq) -> None:
         self.running.remove(seq)
         self.running_embeds -= seq.embed is not None
+        seq.draft_ids = []
         self.blocks.free(seq)
         seq.status = SeqStatus.WAITING
         seq.num_preemptions += 1
         self._queue(seq).appendleft(seq)
+
+
+def _with_draft(seq: Seq, n: int, budget: int) -> int:
+    """Tokens a sequence with a draft feeds: its n known ones, then as much of the draft as
+    `budget` leaves room for (the draft is cut to that)."""
+    room = budget - n
+    if len(seq.draft_ids) > room:
+        seq.draft_ids = seq.draft_ids[: max(0, room)]
+    return n + len(seq.draft_ids)

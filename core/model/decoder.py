@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
-from rillet.core.attention.base import AttentionBackend, AttentionMetadata, DecodeMetadata
+from rillet.core.attention.base import AttentionBackend, StepMetadata
 from rillet.core.model.arch import ModelArch
 from rillet.core.model.mlp import activation, gated_mlp
 from rillet.core.model.moe import MoE
@@ -85,7 +85,7 @@ class DecoderLayer(nn.Module):
         x: torch.Tensor,  # [T, H] residual stream
         rope: Rope,  # this layer's kind of RoPE
         kv_cache: KVCache,
-        meta: AttentionMetadata | DecodeMetadata,
+        meta: StepMetadata,
     ) -> torch.Tensor:  # [T, H]
         t, d, nq, nkv = x.shape[0], self.head_dim, self.n_q, self.n_kv
         cos, sin = rope
@@ -196,7 +196,7 @@ class DecoderModel(nn.Module):
         input_ids: torch.Tensor,  # [T] int64
         positions: torch.Tensor,  # [T] int64
         kv_caches: list[KVCache],  # one per layer
-        meta: AttentionMetadata | DecodeMetadata,
+        meta: StepMetadata,
     ) -> torch.Tensor:  # [T, H], after the final norm
         x = F.embedding(input_ids, self.embed_tokens)
         if self.embed_scale is not None:

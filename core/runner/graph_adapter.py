@@ -4,9 +4,9 @@ capturable forward over one decode step."""
 from __future__ import annotations
 
 import torch
-from rillet.core.attention.base import AttentionMetadata, DecodeMetadata
+from rillet.core.attention.base import AttentionMetadata, DecodeMetadata, VerifyMetadata
 from rillet.core.model.decoder import DecoderModel, KVCache
-from rillet.graphs.interface import DecodeBatch
+from rillet.graphs.interface import DecodeBatch, VerifyBatch
 
 
 class DecoderGraphAdapter:
@@ -48,3 +48,16 @@ class DecoderGraphAdapter:
             assert self.meta is not None
             meta = self.meta
         return self.model(b.input_ids, b.positions, self.kv_caches, meta)
+
+    # ---- speculative verify steps (graphs/interface.py VerifyModel) ---------------------------
+    def prepare_verify(self, b: VerifyBatch) -> None:
+        if self.graph_safe:
+            return
+        begin_verify = getattr(self.model.backend, "begin_verify", None)
+        if begin_verify is None:
+            raise RuntimeError(f"the {self.model.backend.name} attention backend has no verify step")
+        begin_verify(b, self.block_size)
+
+    def forward_verify(self, b: VerifyBatch) -> torch.Tensor:  # [n * Q, H]
+        meta = VerifyMetadata(b.slot_mapping, b.seq_lens, b.query_lens, b.block_tables)
+        return self.model(b.input_ids.reshape(-1), b.positions.reshape(-1), self.kv_caches, meta)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from rillet.core.attention.base import VerifyMetadata
 from rillet.core.engine.scheduler import ScheduledBatch
 from rillet.core.model.decoder import DecoderModel, KVCache
 from rillet.core.runner.base import InflightStep, SampleResult
@@ -20,7 +21,10 @@ from rillet.core.runner.sample_output import HostSample
 from rillet.core.runner.sampler import Sampler
 from rillet.core.runner.step_inputs import InputBuilder, StepInputs
 from rillet.core.sequence import Seq
-from rillet.core.structured.masks import MaskFiller
+from rillet.core.spec.grammar import verify_masks
+from rillet.core.spec.verify_layout import padded_verify_batch
+from rillet.core.spec.views import position_views
+from rillet.core.structured.masks import MaskFiller, PendingMask
 from rillet.graphs.interface import DecodeBatch
 from rillet.graphs.runner import GraphRunner
 
@@ -73,23 +77,32 @@ class ModelRunner:
     def launch(self, batch: ScheduledBatch) -> InflightStep:
         inp = self.inputs.build(batch)
         self.inputs.resolve_future(inp)
-        # the grammar masks of this step's constrained rows fill while the model runs
-        mask = self.masks.begin(inp.sample_seqs) if self.masks is not None else None
+        rows, seqs = inp.sample_seqs, inp.sample_seqs
+        mask: PendingMask | None = None
+        if inp.sample_offsets is not None:  # verifies drafts: each position sampled as a plain step
+            rows = position_views(seqs, inp.sample_offsets)
+            seqs = list(dict.fromkeys(seqs))  # once per sequence, in row order
+            if self.masks is not None:
+                mask = verify_masks(self.masks, inp.sample_seqs, inp.sample_offsets)
+        elif self.masks is not None:  # the grammar masks of the constrained rows fill while the model runs
+            mask = self.masks.begin(rows)
         if self.publish_inputs is not None:
             self.publish_inputs(inp)
-        hidden = self._hidden(inp)
-        pooled_seqs, pooled = self._pool(hidden, inp) if inp.pool else ([], None)
-        if not inp.sample_seqs:  # prefill chunks that sample nothing yet, embeddings
+        sampled = self._verify_hidden(inp) if inp.verify_only and self.publish_inputs is None else None
+        pooled_seqs: list[Seq] = []
+        pooled: Pooled | None = None
+        if sampled is None:  # the flat layout: [T, H], every token of the step
+            hidden = self._hidden(inp)
+            if inp.pool:
+                pooled_seqs, pooled = self._pool(hidden, inp)
+            sampled = _sample_rows(hidden, inp)
+        if not rows:  # prefill chunks that sample nothing yet, embeddings
             empty = HostSample(torch.empty(0, dtype=torch.int64), None, 0, None)
             return _Launched(pooled_seqs, empty, pooled)
-        if len(inp.sample_seqs) < hidden.shape[0]:
-            # rows that sample only; in a decode-only step too: a 1-token prompt chunk that is
-            # not the prompt's end looks like a decode row but samples nothing
-            hidden = hidden.index_select(0, inp.sample_rows)
-        logits = self.model.compute_logits(hidden)  # [S, V]
-        sample = self.sampler.sample_device(logits, inp.sample_seqs, mask)
+        logits = self.model.compute_logits(sampled)  # [S, V]
+        sample = self.sampler.sample_device(logits, rows, mask)
         self.inputs.store_sampled(inp, sample.tokens)
-        return _Launched(inp.sample_seqs + pooled_seqs, sample.start_copy(), pooled)
+        return _Launched(seqs + pooled_seqs, sample.start_copy(), pooled)
 
     def _pool(self, hidden: torch.Tensor, inp: StepInputs) -> tuple[list[Seq], Pooled | None]:
         if self.pooler is None:
@@ -97,6 +110,7 @@ class ModelRunner:
         return self.pooler.take(hidden, inp.pool)
 
     def _hidden(self, inp: StepInputs) -> torch.Tensor:  # [T, H], or [B, H] from the graph runner
+        """The step's forward in the flat token layout (tensor-parallel workers run it too)."""
         m = inp.meta
         gr = self.graph_runner
         if gr is not None and m.is_decode_only and gr.takes(m.num_seqs):
@@ -116,6 +130,29 @@ class ModelRunner:
             hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, m)  # [T, H]
         return hidden
 
+    def _verify_hidden(self, inp: StepInputs) -> torch.Tensor | None:
+        """A verify-only step in the padded [rows, Q] layout (core/spec/verify_layout.py): through
+        the verify graph when one takes it, else eager over the graph-safe verify attention (one
+        batched attention instead of one per row). None: the flat layout's eager path runs it
+        (no graph-safe backend, or under tensor parallelism, whose ranks run the flat layout)."""
+        gr = self.graph_runner
+        graph = gr is not None and gr.verify_queries > 0 and gr.takes_verify(inp.meta.num_seqs)
+        if not graph and not self.model.backend.graph_safe_decode:
+            return None
+        q = gr.verify_queries if graph and gr is not None else max(inp.meta.query_lens_cpu)
+        laid = padded_verify_batch(inp, q)
+        if laid is None:
+            return None
+        batch, rows = laid
+        if graph and gr is not None:
+            hidden = gr.run_verify(batch)  # [B * Q, H]
+        else:
+            meta = VerifyMetadata(batch.slot_mapping, batch.seq_lens, batch.query_lens, batch.block_tables)
+            hidden = self.model(
+                batch.input_ids.reshape(-1), batch.positions.reshape(-1), self.kv_caches, meta
+            )
+        return hidden.index_select(0, rows)  # every token of a verify-only step samples, in order
+
     def release(self, seq: Seq) -> None:
         self.sampler.release(seq.seq_id)
         self.inputs.release(seq)
@@ -131,3 +168,13 @@ class ModelRunner:
             self.graph_runner.stop()  # a background compile ends at its next phase
         if self.masks is not None:
             self.masks.close()
+
+
+def _sample_rows(hidden: torch.Tensor, inp: StepInputs) -> torch.Tensor:  # [S, H]
+    """The rows that sample; in a decode-only step too: a 1-token prompt chunk that is not the
+    prompt's end looks like a decode row but samples nothing."""
+    if not inp.sample_seqs:
+        return hidden[:0]
+    if len(inp.sample_seqs) < hidden.shape[0]:
+        return hidden.index_select(0, inp.sample_rows)
+    return hidden

@@ -13,9 +13,10 @@ temperature/truncation so that they stay finite and comparable across requests t
 their sampling knobs.
 
 Draws use the exponential race: `argmax(p / q)` with `q = -log(u) ~ Exponential(1)` i.i.d. per vocab entry
-picks token i with probability p_i. A seeded row fills its `q` row from its own generator (V draws per
-step, whatever the batch), so its output depends only on its seed and its logits, not on its batch
-neighbours or its row position. Unseeded rows share the sampler's generator.
+picks token i with probability p_i. A seeded row fills its `q` row from a generator of its own, seeded
+by (its seed, the output position it samples), so its output depends only on its seed and its logits,
+not on its batch neighbours, its row position, or how many positions a step samples (speculative
+decoding samples several per step: core/spec/views.py). Unseeded rows share the sampler's generator.
 """
 
 from __future__ import annotations
@@ -301,10 +302,17 @@ class Sampler:
         return race.log_().neg_().clamp_(min=torch.finfo(race.dtype).tiny)
 
     def _generator_for(self, seq: Seq) -> torch.Generator:
+        """seq's generator, seeded for the output position it samples now (num_generated)."""
         gen = self._seeded.get(seq.seq_id)
         if gen is None:
-            assert seq.params.seed is not None
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(seq.params.seed)
-            self._seeded[seq.seq_id] = gen
+            gen = self._seeded[seq.seq_id] = torch.Generator(device=self.device)
+        assert seq.params.seed is not None
+        gen.manual_seed(position_seed(seq.params.seed, seq.num_generated))
         return gen
+
+
+def position_seed(seed: int, position: int) -> int:
+    """A 64-bit generator seed for (request seed, output position): a multiplicative hash, so
+    neighbouring positions and neighbouring seeds (n > 1 choices use seed + i) get unrelated
+    streams."""
+    return ((seed % 2**64) * 0x9E3779B97F4A7C15 + (position + 1) * 0xBF58476D1CE4E5B9) % 2**64

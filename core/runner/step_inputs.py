@@ -19,6 +19,12 @@ Token layout of a step (T tokens, B sequences): rows that do not end in a sample
 decode (prefill chunks) first, then the decodes, each sequence's new tokens contiguous. Seq b
 feeds tokens [num_computed, num_computed + num_new) of its prompt + output (+ pending token); it
 samples only when that chunk reaches the end.
+
+Speculative decoding: a verify row (a sequence with a draft, core/spec/) feeds its last token and
+its k draft tokens, and samples at each of those 1 + k tokens: its sample rows are consecutive,
+`sample_seqs` names the sequence once per row and `sample_offsets` gives each row's position in
+the run (0..k; None when the step verifies nothing). A verify row is laid out as a prefill chunk
+(its queries attend causally to each other over the paged cache).
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ class StepInputs:
     future_at: torch.Tensor | None = None  # [F] int64: input_ids entries the future buffer feeds
     future_rows: torch.Tensor | None = None  # [F] int64: ... from these rows
     pool: list[PoolRows] = field(default_factory=list)  # embedding chunks: pooled, never sampled
+    sample_offsets: list[int] | None = None  # [S] position of each sample row in its verify run
+    verify_only: bool = False  # verify rows and decodes only: every token samples (graph verify step)
 
 
 @dataclass(slots=True)
@@ -104,11 +112,39 @@ class InputBuilder:
             self.release(seq)
         chunks, decodes = split_batch(batch)
         h = _HostLists()
+        verifies = 0
         for seq, n in chunks:
-            self._add_chunk(h, seq, n)
+            if seq.draft_ids:
+                self._add_verify(h, seq, n)
+                verifies += 1
+            else:
+                self._add_chunk(h, seq, n)
         self._add_decodes(h, decodes)
         self._fit(max(w[1] for w in h.writes) + 1 if h.writes else 0)
-        return self._to_device(h, num_chunks=len(chunks))
+        inputs = self._to_device(h, num_chunks=len(chunks))
+        if verifies:
+            inputs.sample_offsets = h.offsets + [0] * (len(h.sample_at) - len(h.offsets))
+            inputs.verify_only = verifies == len(chunks)
+        return inputs
+
+    def _add_verify(self, h: _HostLists, seq: Seq, n: int) -> None:
+        """A sequence's last token and its draft (n = 1 + k tokens), sampled at each of them."""
+        k = len(seq.draft_ids)
+        start = seq.num_computed
+        assert n == k + 1 and start + 1 == seq.num_tokens and not seq.num_pending, "not a verify row"
+        row = self._row(seq, h.writes)
+        h.offsets += [0] * (len(h.sample_at) - len(h.offsets))  # rows sampled before: offset 0
+        first = len(h.ids)
+        h.ids.append(seq.token_at(start))
+        h.ids += seq.draft_ids
+        h.rows.append(row)
+        h.starts.append(start)
+        h.qstart.append(h.qstart[-1] + n)
+        h.lens.append(start + n)
+        h.sample_at += range(first, first + n)
+        h.sample_row += [row] * n
+        h.sample_seqs += [seq] * n
+        h.offsets += range(n)
 
     def _add_chunk(self, h: _HostLists, seq: Seq, n: int) -> None:
         row = self._row(seq, h.writes)
@@ -273,5 +309,6 @@ class _HostLists:
     sample_at: list[int] = field(default_factory=list)  # [S] token index of each sampled logit
     sample_row: list[int] = field(default_factory=list)  # [S]
     sample_seqs: list[Seq] = field(default_factory=list)  # [S]
+    offsets: list[int] = field(default_factory=list)  # [<= S] position in the verify run (see build)
     writes: list[tuple[int, int, int]] = field(default_factory=list)  # (row, column, block)
     pool: list[PoolRows] = field(default_factory=list)  # embedding chunks

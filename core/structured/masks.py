@@ -184,7 +184,7 @@ class MaskFiller:
         work: list[tuple[Any, int]] = []
         for j, (_, g) in enumerate(filled):
             if g.failed:
-                self._eos_only(bits[j])
+                self.eos_only(bits[j])
             else:
                 work.append((g.matcher, j))
         fill = None
@@ -204,7 +204,8 @@ class MaskFiller:
             self.fill_now(work, bits)
             self.stats.fill_s += time.perf_counter() - t0
 
-    def _eos_only(self, row: torch.Tensor) -> None:
+    def eos_only(self, row: torch.Tensor) -> None:
+        """A bitmask row that allows EOS only (a broken or finished grammar)."""
         row.zero_()
         for t in self.eos_token_ids:
             if 0 <= t < self.vocab_size:

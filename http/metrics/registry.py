@@ -153,4 +153,35 @@ def engine_samples(stats: Any, wakeups: int, active_streams: int) -> list[Sample
             getattr(stats, "handoff_wait_seconds", 0.0),
         ),
         ("rillet_active_streams", "Requests the front end is serving", "gauge", active_streams),
+        *_spec_samples(stats),
+    ]
+
+
+def _spec_samples(stats: Any) -> list[Sample]:
+    """Speculative decoding: counters (a rate over a window is the ratio of their increases) and
+    the ratios since start. Engines without it (the test doubles) report zeros."""
+    drafted = getattr(stats, "spec_drafted", 0)
+    accepted = getattr(stats, "spec_accepted", 0)
+    verified = getattr(stats, "spec_verified", 0)
+    return [
+        ("rillet_spec_draft_tokens", "Speculative decoding: draft tokens verified", "counter", drafted),
+        ("rillet_spec_accepted_tokens", "Speculative decoding: draft tokens accepted", "counter", accepted),
+        (
+            "rillet_spec_verify_steps",
+            "Speculative decoding: sequence-steps that verified a draft",
+            "counter",
+            verified,
+        ),
+        (
+            "rillet_spec_acceptance_rate",
+            "Speculative decoding: accepted / drafted tokens since start",
+            "gauge",
+            accepted / drafted if drafted else 0.0,
+        ),
+        (
+            "rillet_spec_mean_accepted_length",
+            "Speculative decoding: tokens a verifying sequence gains per step (accepted drafts + 1)",
+            "gauge",
+            (accepted + verified) / verified if verified else 0.0,
+        ),
     ]

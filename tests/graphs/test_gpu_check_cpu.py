@@ -46,6 +46,7 @@ def test_smoke_runs_every_part_and_prints_the_table_last(smoke: tuple) -> None:
         "(c) batch-64 decode",
         "(d) stream vs non-stream",
         "(a) greedy 7B",  # the 7B engine still serves LLM.generate after the HTTP server of (d)
+        "(e) verify step",
         "(a) logits 7B",
         "(a) logits default",
         "(a) greedy default",

@@ -1,5 +1,5 @@
-// The dashboard tab: /metrics polled every second, the last 1, 5 or 15 minutes charted. Rates, hit rate
-// and latency percentiles come from counter and histogram increases between scrapes, like
+// The dashboard tab: /metrics polled every second, the last 1, 5 or 15 minutes charted. Rates, hit rate,
+// draft acceptance and latency percentiles come from counter and histogram increases between scrapes, like
 // PromQL's rate() and histogram_quantile() would compute them.
 
 import { api } from "./api.js";
@@ -50,6 +50,13 @@ export class Dashboard {
         id: "chart-hit",
         title: `Prefix-cache hit rate (last ${WINDOW_S} s)`,
         series: [{ name: "hit rate", color: "--s1" }],
+        format: fmtPct,
+        yMax: 1,
+      }),
+      spec: new LineChart(root, {
+        id: "chart-spec",
+        title: `Speculative decoding: drafts accepted (last ${WINDOW_S} s)`,
+        series: [{ name: "acceptance", color: "--s1" }],
         format: fmtPct,
         yMax: 1,
       }),
@@ -104,6 +111,8 @@ export class Dashboard {
       gen: total(m, "rillet_generation_tokens_total"),
       hits: total(m, "rillet_prefix_cache_hits_total"),
       queries: total(m, "rillet_prefix_cache_queries_total"),
+      drafted: total(m, "rillet_spec_draft_tokens_total"),
+      accepted: total(m, "rillet_spec_accepted_tokens_total"),
       ttft: buckets(m, "rillet_time_to_first_token_seconds"),
       itl: buckets(m, "rillet_inter_token_latency_seconds"),
     };
@@ -116,6 +125,8 @@ export class Dashboard {
     const rate = prev && !restarted ? Math.max(0, (s.gen - prev.gen) / (t - prev.t)) : null;
     const dq = base && !restarted ? s.queries - base.queries : 0;
     const hit = dq > 0 ? (s.hits - base.hits) / dq : null;
+    const dd = base && !restarted ? s.drafted - base.drafted : 0; // no drafts (speculation off): no point
+    const acceptance = dd > 0 ? (s.accepted - base.accepted) / dd : null;
     const pcts = (now, before) => {
       const d = bucketDelta(now, restarted ? null : before);
       return [quantile(0.5, d), quantile(0.99, d)];
@@ -125,6 +136,7 @@ export class Dashboard {
     this.push("requests", t, [total(m, "rillet_num_requests_running"), total(m, "rillet_num_requests_waiting")]);
     this.push("kv", t, [total(m, "rillet_kv_blocks_used"), this.kvTotal]);
     this.push("hit", t, [hit]);
+    this.push("spec", t, [acceptance]);
     this.push("ttft", t, pcts(s.ttft, base?.ttft));
     this.push("itl", t, pcts(s.itl, base?.itl));
   }

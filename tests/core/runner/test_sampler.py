@@ -78,6 +78,7 @@ def seeded_run(sampler: Sampler, position: int, batch: int, steps: int) -> list[
         logits[position] = step_logits[0]
         seqs = [*others[:position], target, *others[position:]]
         out.append(sampler.sample(logits, seqs).token_ids[position])
+        target.output_ids.append(out[-1])  # the next step samples the next output position
     return out
 
 
@@ -89,16 +90,27 @@ def test_seeded_rows_are_deterministic_across_batch_and_position() -> None:
     assert len(set(alone)) > 5  # really sampling, not collapsing onto one token
 
 
-def test_release_restarts_the_seeded_stream() -> None:
+def test_seeded_draws_depend_on_the_seed_and_the_output_position_only() -> None:
     logits = torch.zeros(1, 1000)  # uniform: every draw depends only on the generator
+
+    def run(sampler: Sampler, s: Any, steps: int = 3) -> list[int]:
+        out = []
+        for _ in range(steps):
+            out.append(sampler.sample(logits, [s]).token_ids[0])
+            s.output_ids.append(out[-1])
+        return out
+
     sampler = Sampler(1000, (), CPU)
-    s = seq(5, seed=42)
-    first = [sampler.sample(logits, [s]).token_ids[0] for _ in range(3)]
+    first = run(sampler, seq(5, seed=42))
     assert len(set(first)) == 3
+    assert run(sampler, seq(5, seed=42)) == first  # the same seq id again, without a release
     sampler.release(5)
-    assert [sampler.sample(logits, [s]).token_ids[0] for _ in range(3)] == first
-    other = seq(6, seed=43)
-    assert [sampler.sample(logits, [other]).token_ids[0] for _ in range(3)] != first
+    assert run(Sampler(1000, (), CPU), seq(9, seed=42)) == first
+    # a position sampled again (a speculative step's later position, as a view) draws the same
+    s = seq(7, seed=42)
+    s.output_ids, s.num_pending = [0, 0], 0
+    assert sampler.sample(logits, [s]).token_ids[0] == first[2]
+    assert run(sampler, seq(6, seed=43)) != first
 
 
 @pytest.mark.parametrize(

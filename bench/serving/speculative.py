@@ -1,0 +1,259 @@
+"""Speculative decoding through the server: spec off vs n-gram vs a draft model, same run.
+
+Each mode is a server of its own (started in turn, with its config overrides), asked the same
+greedy chat requests at batch 1 and 8 (C concurrent clients), streamed and not, in ABBA order:
+  (a) grounded: answers that repeat their input (rewrite, quote, code edit, JSON echo), where
+      drafts taken from the prompt are often right;
+  (b) chat: open questions, where they rarely are (the target: no slower than without).
+Modes (--modes): off and ngram serve the default config (int4 weights on CPU); the draft model
+has nothing smaller to draft with here, so `draft` serves the default model in float32 with the
+same GGUF drafting for it in int4, compared with `off-fp32` (the float32 target alone).
+Reported per mode, set, batch and streaming: tok/s (completion tokens from `usage` / wall time),
+its ratio to the mode's baseline (off, or off-fp32 for draft), the acceptance rate over the set
+(from /metrics: accepted / drafted draft tokens) and tokens gained per verify step; the server's
+peak RSS. Greedy outputs are the same in every mode (the tests prove it), so each mode generates
+the same tokens.
+
+    .venv/bin/python -m bench.serving.speculative                      # the full measurement
+    .venv/bin/python -m bench.serving.speculative --modes off ngram --max-tokens 8 --runs 1 \\
+        --concurrency 1                                                 # a smoke run
+    .venv/bin/python -m bench.serving.speculative --external llama.cpp=http://127.0.0.1:8080/v1
+
+`--external NAME=URL` adds an already running OpenAI-compatible server (e.g. llama.cpp's with its
+own prompt-lookup or draft speculation, bench/README.md) as one more mode, measured the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+
+from bench.lib.common import peak_rss_mib, table, write_json
+from bench.lib.server_proc import RilletServer
+
+PARAGRAPH = (
+    "The comittee met on tuesday to discuss the new libary. Several members beleived the budget was "
+    "to small, and they argued that the building should be finished before the begining of winter. "
+    "In the end, the proposal was accepted with a few minor changes to the shedule."
+)
+TEXT = (
+    "Rivers shape the land they cross. Over thousands of years they carve valleys and carry soil to "
+    "the sea.\n\nA river's delta forms where it slows down and drops the sand and mud it carries. "
+    "Deltas are often rich farmland.\n\nFloods are part of a river's life. They renew the soil but "
+    "can also destroy towns built too close to the banks."
+)
+CODE = (
+    "def mean(values):\n    x = 0\n    for v in values:\n        x = x + v\n    if len(values) == 0:\n"
+    "        return 0\n    return x / len(values)\n"
+)
+RECORD = (
+    '{"name": "Ada Lovelace", "age": 36, "city": "London", "languages": ["English", "French"], '
+    '"active": true}'
+)
+
+GROUNDED = [
+    "Rewrite the following paragraph, fixing the spelling mistakes and keeping everything else the "
+    f"same:\n\n{PARAGRAPH}",
+    f"Quote the second paragraph of this text word for word:\n\n{TEXT}",
+    f"Rename the variable x to total in this function and return the whole function:\n\n```python\n{CODE}```",
+    "Here is a JSON record. Return the same record with the age increased by one, and nothing "
+    f"else:\n\n{RECORD}",
+]
+CHAT = [
+    "Tell me a short story about a lighthouse keeper.",
+    "What are some good habits for staying healthy?",
+    "Explain how rainbows form.",
+    "Give me three ideas for a birthday party.",
+]
+SETS = {"grounded": GROUNDED, "chat": CHAT}
+
+
+def modes(gguf: str) -> dict[str, tuple[list[str], str | None]]:
+    """name -> (server overrides, the baseline mode its speed is compared with)."""
+    fp32 = ["model.quantization=none", "model.dtype=float32"]
+    draft = [
+        "speculative.method=draft",
+        f"speculative.draft_model={gguf}",
+        "speculative.draft_quantization=int4",
+    ]
+    return {
+        "off": ([], None),
+        "ngram": (["speculative.method=ngram"], "off"),
+        "off-fp32": (fp32, None),
+        "draft": (fp32 + draft, "off-fp32"),
+    }
+
+
+@dataclass
+class Batch:
+    wall_s: float
+    tokens: int
+
+
+def one(client: openai.OpenAI, model: str, prompt: str, stream: bool, max_tokens: int) -> int:
+    kw: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+    }
+    if not stream:
+        r = client.chat.completions.create(**kw)
+        return r.usage.completion_tokens if r.usage else 0
+    tokens = chunks = 0
+    for c in client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}):
+        if c.usage is not None:
+            tokens = c.usage.completion_tokens
+        elif c.choices and c.choices[0].delta.content:
+            chunks += 1
+    return tokens or chunks
+
+
+def batch(
+    clients: list[openai.OpenAI], model: str, prompts: list[str], stream: bool, max_tokens: int
+) -> Batch:
+    """Every client asks every prompt of the set in turn (client i starting at prompt i)."""
+    counts = [0] * len(clients)
+    start = threading.Barrier(len(clients) + 1)
+
+    def work(i: int) -> None:
+        start.wait()
+        for j in range(len(prompts)):
+            counts[i] += one(clients[i], model, prompts[(i + j) % len(prompts)], stream, max_tokens)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(clients))]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return Batch(time.perf_counter() - t0, sum(counts))
+
+
+def spec_counters(base_url: str) -> tuple[float, float, float]:
+    """(drafted, accepted, verify steps) from /metrics; zeros for a server without them."""
+    root = base_url.rsplit("/v1", 1)[0]
+    values = {"rillet_spec_draft_tokens_total": 0.0, "rillet_spec_accepted_tokens_total": 0.0}
+    values["rillet_spec_verify_steps_total"] = 0.0
+    try:
+        with urllib.request.urlopen(f"{root}/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                name = line.split(" ", 1)[0]
+                if name in values:
+                    values[name] = float(line.rsplit(" ", 1)[1])
+    except OSError:
+        pass
+    return (
+        values["rillet_spec_draft_tokens_total"],
+        values["rillet_spec_accepted_tokens_total"],
+        values["rillet_spec_verify_steps_total"],
+    )
+
+
+def measure_mode(name: str, base_url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    model = openai.OpenAI(base_url=base_url, api_key="x").models.list().data[0].id
+    rows = []
+    for set_name, prompts in SETS.items():
+        for c in args.concurrency:
+            clients = [
+                openai.OpenAI(base_url=base_url, api_key="x", max_retries=0, timeout=900) for _ in range(c)
+            ]
+            batch(clients, model, prompts, False, 2)  # warm-up (and the prompts' prefixes cached)
+            d0, a0, v0 = spec_counters(base_url)
+            runs: dict[bool, list[Batch]] = {False: [], True: []}
+            for r in range(args.runs):  # ABBA
+                for stream in (False, True) if r % 2 == 0 else (True, False):
+                    runs[stream].append(batch(clients, model, prompts, stream, args.max_tokens))
+            d1, a1, v1 = spec_counters(base_url)
+            for stream, done in runs.items():
+                rows.append(
+                    {
+                        "mode": name,
+                        "set": set_name,
+                        "batch": c,
+                        "stream": stream,
+                        "tok_s": sum(b.tokens for b in done) / sum(b.wall_s for b in done),
+                        "tokens": sum(b.tokens for b in done),
+                        "acceptance": (a1 - a0) / (d1 - d0) if d1 > d0 else None,
+                        "tokens_per_verify": (a1 - a0 + v1 - v0) / (v1 - v0) if v1 > v0 else None,
+                    }
+                )
+            print(f"{name} {set_name} batch {c}: done", file=sys.stderr)
+    return rows
+
+
+def ratios(rows: list[dict[str, Any]], baselines: dict[str, str | None]) -> None:
+    index = {(r["mode"], r["set"], r["batch"], r["stream"]): r for r in rows}
+    for r in rows:
+        base = baselines.get(r["mode"])
+        ref = index.get((base, r["set"], r["batch"], r["stream"])) if base else None
+        r["vs_baseline"] = r["tok_s"] / ref["tok_s"] if ref else None
+        plain = index.get((r["mode"], r["set"], r["batch"], False))
+        r["stream_ratio"] = r["tok_s"] / plain["tok_s"] if r["stream"] and plain else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--modes", nargs="+", default=["off", "ngram", "off-fp32", "draft"])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--runs", type=int, default=2, help="batches per streaming mode (ABBA order)")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument(
+        "--set", dest="sets", action="append", default=[], help="override for every started server"
+    )
+    ap.add_argument("--external", action="append", default=[], help="NAME=URL of a running server (…/v1)")
+    ap.add_argument("--out", default="bench/out/speculative.json")
+    args = ap.parse_args()
+    from rillet.core.loaders.default_model import default_model_path
+
+    table_of = modes(str(default_model_path()))
+    unknown = [m for m in args.modes if m not in table_of]
+    if unknown:
+        ap.error(f"unknown modes {unknown}; choose from {list(table_of)}")
+    rows: list[dict[str, Any]] = []
+    rss: dict[str, float | None] = {}
+    baselines = {m: table_of[m][1] for m in args.modes}
+    for name in args.modes:
+        overrides, _ = table_of[name]
+        print(f"starting rillet serve ({name}) ...", file=sys.stderr)
+        with RilletServer(args.sets + overrides, log_path=f"bench/out/speculative-{name}.log") as srv:
+            rows += measure_mode(name, srv.base_url, args)
+            rss[name] = srv.peak_rss_mib()
+    for spec in args.external:
+        name, url = spec.split("=", 1)
+        rows += measure_mode(name, url, args)
+        baselines[name] = None
+    ratios(rows, baselines)
+    write_json(
+        args.out,
+        {"args": vars(args), "server_peak_rss_mib": rss, "client_peak_rss_mib": peak_rss_mib(), "rows": rows},
+    )
+    print(f"{args.max_tokens} tokens max per request, greedy chat; JSON: {args.out}")
+    for name, mib in rss.items():
+        print(
+            f"server peak RSS ({name}): {mib:.0f} MiB" if mib is not None else f"server peak RSS ({name}): -"
+        )
+    cols = [
+        "mode",
+        "set",
+        "batch",
+        "stream",
+        "tok_s",
+        "vs_baseline",
+        "stream_ratio",
+        "acceptance",
+        "tokens_per_verify",
+    ]
+    print(table([{k: ("-" if v is None else v) for k, v in r.items()} for r in rows], cols))
+
+
+if __name__ == "__main__":
+    main()

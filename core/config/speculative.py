@@ -1,0 +1,53 @@
+"""`speculative`: draft several tokens per step and verify them in one forward of the model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from rillet.core.config.errors import check
+
+SpecMethod = Literal["off", "ngram", "draft"]
+MAX_DRAFT_TOKENS = 16  # k above this never pays: acceptance of the k-th token decays geometrically
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    # off | ngram (prompt lookup: the tokens that followed the sequence's last n tokens earlier in
+    # its prompt + output) | draft (a second, smaller model with the same tokenizer)
+    method: SpecMethod = "off"
+    num_tokens: int = 4  # k: draft tokens per sequence per step (adaptive k stays at or below it)
+    ngram_min: int = 2  # shortest suffix looked up (ngram)
+    ngram_max: int = 4  # longest suffix looked up, tried first (ngram)
+    draft_model: str | None = None  # draft: a .gguf file or a Hugging Face folder, loaded like model.path
+    # draft: its weights' precision, resolved like model.quantization (auto = int4 for a 4-bit GGUF
+    # on CPU); it runs in the target's dtype
+    draft_quantization: Literal["auto", "none", "int4"] = "auto"
+    # no speculation while more sequences than this are running: a plain step is then cheaper than
+    # verifying drafts (the batch already fills the matmuls)
+    max_batch: int = 4
+
+    def __post_init__(self) -> None:
+        check(self.method in ("off", "ngram", "draft"), "speculative.method", "must be off, ngram or draft")
+        check(
+            1 <= self.num_tokens <= MAX_DRAFT_TOKENS,
+            "speculative.num_tokens",
+            f"must be in 1..{MAX_DRAFT_TOKENS}, got {self.num_tokens}",
+        )
+        check(self.ngram_min >= 1, "speculative.ngram_min", f"must be >= 1, got {self.ngram_min}")
+        check(
+            self.ngram_max >= self.ngram_min,
+            "speculative.ngram_max",
+            f"must be >= speculative.ngram_min ({self.ngram_min}), got {self.ngram_max}",
+        )
+        check(self.ngram_max <= 32, "speculative.ngram_max", f"must be <= 32, got {self.ngram_max}")
+        check(self.max_batch >= 1, "speculative.max_batch", f"must be >= 1, got {self.max_batch}")
+        check(
+            self.method != "draft" or bool(self.draft_model),
+            "speculative.draft_model",
+            "is required when speculative.method is draft (a .gguf file or a Hugging Face folder)",
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "off"

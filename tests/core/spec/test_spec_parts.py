@@ -1,0 +1,189 @@
+"""The parts of speculative decoding, without a model: the n-gram lookup, the adaptive draft
+length, where a draft is cut, the scheduler planning 1 + k tokens (a draft never preempts), and the
+block manager giving back the slots of refused drafts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rillet.core.config import ConfigError, SchedulerConfig, config_from_dict
+from rillet.core.engine.block_manager import BlockManager
+from rillet.core.engine.scheduler import Scheduler
+from rillet.core.sampling_params import SamplingParams
+from rillet.core.sequence import Seq
+from rillet.core.spec.adaptive import MIN_ACCEPTANCE, PAUSE_STEPS, WINDOW, AdaptiveK
+from rillet.core.spec.ngram import NgramDrafter
+from rillet.core.spec.speculator import Speculator
+from rillet.core.spec.views import accepted_run, position_views
+
+EOS = 2
+
+
+def seq(prompt: list[int], output: list[int] | None = None, i: int = 0, **params: Any) -> Seq:
+    s = Seq(i, f"r{i}", list(prompt), SamplingParams(**{"max_tokens": 64, **params}))
+    s.output_ids = list(output or [])
+    s.num_computed = s.num_tokens - 1  # decoding: only the newest token lacks K/V
+    return s
+
+
+def test_ngram_proposes_what_followed_the_latest_match_of_the_longest_suffix() -> None:
+    d = NgramDrafter(2, 3)
+    s = seq([5, 6, 7, 8, 9, 5, 6, 7, 1, 5, 6])
+    assert d.lookup(s, 3) == [7, 1, 5]  # (5, 6) last seen before position 7 -> 7, 1, 5
+    s.output_ids.append(7)  # suffix (5, 6, 7): latest earlier occurrence is followed by 1
+    assert d.lookup(s, 4) == [1, 5, 6, 7]
+    s.output_ids.append(3)  # (7, 3) and (6, 7, 3) never occurred
+    assert d.lookup(s, 4) == []
+    assert d.lookup(seq([4], i=1), 4) == []  # too short to have a suffix and a match
+    assert d.lookup(seq([4, 4, 4], i=2), 4) == [4]  # the match may overlap the suffix
+
+
+def test_ngram_index_grows_with_the_sequence_and_is_released() -> None:
+    d = NgramDrafter(1, 2)
+    s = seq([1, 2, 3])
+    assert d.lookup(s, 2) == []
+    s.output_ids += [1]
+    assert d.lookup(s, 2) == [2, 3]
+    d.release(s)
+    assert not d._index
+
+
+def test_adaptive_k_follows_acceptance_and_pauses_when_drafts_are_refused() -> None:
+    a = AdaptiveK(4)
+    assert a.next_k() == 4
+    a.observe(4, 1)
+    assert a.next_k() == 2  # the accepted run + 1
+    a.observe(2, 2)
+    assert a.next_k() == 3  # all accepted: one more
+    a.observe(0, 0)  # nothing drafted: no change
+    assert a.next_k() == 3
+    b = AdaptiveK(4)
+    drafted = 0
+    while drafted < WINDOW:
+        b.observe(4, 0)
+        drafted += 4
+    assert [b.next_k() for _ in range(PAUSE_STEPS)] == [0] * PAUSE_STEPS
+    assert b.next_k() == 1  # tries again, carefully
+    good = AdaptiveK(4)
+    for _ in range(3 * WINDOW):
+        good.observe(4, 4 if _ % 2 else 1)  # 62 % accepted: never paused
+        assert good.next_k() > 0
+    assert MIN_ACCEPTANCE < 0.62
+
+
+def speculator(**over: Any) -> Speculator:
+    cfg = config_from_dict({"speculative": {"method": "ngram", "ngram_min": 1, **over}}).speculative
+    return Speculator(cfg, NgramDrafter(cfg.ngram_min, cfg.ngram_max), 64, (EOS,))
+
+
+def test_drafts_stop_at_max_tokens_the_context_limit_and_a_stop_token() -> None:
+    loop = [7, 8, 9] * 4
+    s = seq(loop, [7], max_tokens=4)
+    speculator().propose([s])
+    assert s.draft_ids == [8, 9]  # 1 output + 2 drafts + the model's own token = max_tokens
+    long = seq(list(range(3, 40)) * 2, [3])  # 75 tokens: the context limit is 64... already past
+    speculator().propose([long])
+    assert long.draft_ids == []
+    eos = seq([7, 8, EOS, 4, 7, 8], [])
+    speculator().propose([eos])
+    assert eos.draft_ids == [EOS]  # nothing after a token that would end the sequence
+    ignored = seq([7, 8, EOS, 4, 7, 8], [], ignore_eos=True)
+    speculator().propose([ignored])
+    assert ignored.draft_ids == [EOS, 4, 7, 8]
+    stop = seq([7, 8, 5, 4, 7, 8], [], stop_token_ids=[5])
+    speculator().propose([stop])
+    assert stop.draft_ids == [5]
+
+
+def test_only_decoding_sequences_draft_and_none_above_max_batch() -> None:
+    seqs = [seq([7, 8, 9] * 3, i=i) for i in range(3)]
+    seqs[1].num_computed = 2  # in prefill
+    seqs[2].num_pending = 1  # a token in flight
+    spec = speculator(max_batch=3)
+    spec.propose(seqs)
+    assert [bool(s.draft_ids) for s in seqs] == [True, False, False]
+    spec.propose([*seqs, seq([7, 8, 9] * 3, i=3)])  # four running > max_batch: none, and cleared
+    assert not any(s.draft_ids for s in seqs)
+
+
+def test_views_see_the_drafts_before_their_position() -> None:
+    s = seq([1, 2], [3], repetition_penalty=1.2)
+    s.draft_ids = [4, 5]
+    v = position_views([s, s, s], [0, 1, 2])
+    assert v[0] is s and v[1].output_ids == [3, 4] and v[2].output_ids == [3, 4, 5]
+    plain = seq([1, 2], [3])
+    plain.draft_ids = [4, 5]
+    w = position_views([plain] * 3, [0, 1, 2])
+    assert [x.num_generated for x in w] == [1, 2, 3] and w[2].seq_id == plain.seq_id
+    assert accepted_run([4, 5, 6], [4, 5, 9, 1]) == 2
+    assert accepted_run([4, 5], [4, 5, 1]) == 2
+    assert accepted_run([4], [3, 1]) == 0
+
+
+def test_scheduler_plans_the_draft_cuts_it_to_the_budget_and_never_preempts_for_it() -> None:
+    blocks = BlockManager(6, 4)  # 5 usable blocks of 4 tokens
+    sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=6), blocks)
+    a, b = seq([1, 2, 3, 4, 5], i=0), seq([6, 7, 8, 9, 10, 11, 12], i=1)
+    for s in (a, b):
+        s.num_computed = 0
+        sched.add(s)
+    first = sched.schedule()  # a's prompt (5) + 1 of b's
+    assert first.num_new == [5, 1]
+    a.num_computed, b.num_computed = 5, 7  # b: pretend its prompt is done
+    a.output_ids.append(13)
+    b.output_ids.append(19)
+    a.draft_ids = [14, 15, 16, 17, 18]
+    batch = sched.schedule()
+    assert batch.seqs == [a, b] and batch.num_new == [5, 1]  # the draft cut to 4: b keeps its token
+    assert a.draft_ids == [14, 15, 16, 17] and len(a.block_table) == 3 and len(b.block_table) == 2
+    a.num_computed, b.num_computed = 10, 8
+    # a keeps 1 draft + the model's token and rolls back; b drafts more than the pool can hold
+    a.output_ids += [14, 20]
+    a.num_computed = a.num_tokens - 1
+    blocks.truncate(a, a.num_tokens)
+    a.draft_ids = []
+    b.output_ids.append(21)
+    b.draft_ids = [1] * 5  # 1 + 5 tokens from slot 8: 4 blocks, 2 more than b holds, 1 is free
+    assert len(a.block_table) == 2 and blocks.num_free == 1
+    batch = sched.schedule()
+    assert batch.preempted == [] and b.draft_ids == [] and batch.num_new == [1, 1]
+    assert len(b.block_table) == 3
+    blocks.check_integrity()
+
+
+def test_truncate_gives_back_the_blocks_past_the_accepted_end() -> None:
+    blocks = BlockManager(10, 4)
+    s = seq([1, 2, 3, 4, 5, 6], [])
+    s.num_computed = 0
+    blocks.admit(s, 64)
+    s.num_computed = 6
+    blocks.commit(s)
+    assert blocks.grow(s, 6 + 1 + 5)  # the last token + 5 drafts: 12 slots, 3 blocks
+    assert len(s.block_table) == 3
+    s.output_ids += [9, 9]  # one draft accepted + the model's token: 8 tokens
+    table = s.block_table
+    blocks.truncate(s, s.num_tokens)
+    assert len(s.block_table) == 2 and blocks.num_used == 2
+    # a new list: the runner's mirror of the table must not take a regrown table for the old one
+    assert s.block_table is not table and s.block_table == table[:2]
+    blocks.free(s)
+    blocks.check_integrity()
+
+
+@pytest.mark.parametrize(
+    ("over", "key"),
+    [
+        ({"method": "bogus"}, "speculative.method"),
+        ({"num_tokens": 0}, "speculative.num_tokens"),
+        ({"num_tokens": 17}, "speculative.num_tokens"),
+        ({"ngram_min": 0}, "speculative.ngram_min"),
+        ({"ngram_min": 3, "ngram_max": 2}, "speculative.ngram_max"),
+        ({"max_batch": 0}, "speculative.max_batch"),
+        ({"method": "draft"}, "speculative.draft_model"),
+    ],
+)
+def test_bad_values_name_their_key(over: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"speculative": over})
+    assert err.value.key == key and "\n" not in str(err.value)

@@ -1,0 +1,59 @@
+"""The speculative verify step compiled by torch.compile on CPU (graphs/verify.py) gives the same
+tokens as the eager verify step, in the whole engine, on a tiny model: batches of 1 (run as 2
+rows), 3 and 4 rows, drafts of every length up to k (rows padded to Q = 1 + k), no graph break,
+and no compile after the first verify graph."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rillet.core.config import config_from_dict
+from rillet.core.llm import LLM
+from rillet.core.runner.model_runner import ModelRunner
+from rillet.core.sampling_params import SamplingParams
+from torch._dynamo.utils import counters
+
+pytestmark = pytest.mark.compiled
+
+PROMPTS = [[(7 * i + 3 * k) % 250 + 1 for k in range(3 + 2 * i)] * 3 for i in range(4)]
+
+
+def test_compiled_verify_matches_eager(tiny_hf_model: Any) -> None:
+    folder, _ = tiny_hf_model("llama")
+    cfg = config_from_dict(
+        {
+            "model": {"path": str(folder), "kind": "hf", "dtype": "float32", "device": "cpu"},
+            "graphs": {"enabled": "on", "buckets": [1, 2, 4, 8]},
+            "speculative": {"method": "ngram", "num_tokens": 3, "max_batch": 4},
+        }
+    )
+    with LLM(cfg) as llm:
+        runner = llm.engine.core.runner
+        assert isinstance(runner, ModelRunner) and runner.graph_runner is not None
+        gr = runner.graph_runner
+        assert gr.compiled is not None and gr.verify_compiled is not None
+        assert gr.compiled.wait(timeout=900), "compile did not finish"
+        assert gr.compiled.failed is None and gr.verify_compiled.failed is None, gr.verify_compiled.failed
+        assert gr.verify_compiled.ready and gr.verify_queries == 4
+
+        def generate(n: int, compiled: bool) -> list[list[int]]:
+            assert gr.compiled is not None
+            gr.compiled.ready = compiled  # off: decode and verify steps run eager
+            try:
+                params = [
+                    SamplingParams(max_tokens=14 + i, temperature=0.0, ignore_eos=True) for i in range(n)
+                ]
+                return [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:n], params)]
+            finally:
+                gr.compiled.ready = True
+
+        graphs = int(counters["stats"]["unique_graphs"])
+        for n in (1, 3, 4):
+            runs = gr.num_verify_runs
+            assert generate(n, compiled=True) == generate(n, compiled=False), n
+            assert gr.num_verify_runs > runs, f"batch {n}: no verify step took the compiled graph"
+        assert int(counters["stats"]["unique_graphs"]) == graphs  # nothing compiled again
+        spec = llm.engine.core.spec
+        assert spec is not None and spec.stats.accepted > 0
+        llm.engine.core.blocks.check_integrity()
