@@ -28,6 +28,7 @@ from rillet.core.build import (
     served_name,
 )
 from rillet.core.config import RilletConfig
+from rillet.core.determinism import startup as deterministic
 from rillet.core.engine.block_manager import BlockManager
 from rillet.core.engine.detokenizer import IncrementalDetokenizer, token_text_table
 from rillet.core.engine.scheduler import Scheduler
@@ -64,6 +65,7 @@ class Runtime:
 def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime:
     report: Progress = progress or (lambda stage, frac: None)
     device = resolve_device(cfg.model.device)
+    deterministic.begin(cfg, device)  # before anything runs MKL: it may still be made strict
     if cfg.model.num_threads is not None:
         torch.set_num_threads(cfg.model.num_threads)
     src = resolve_source(cfg)
