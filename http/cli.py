@@ -104,12 +104,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"rillet: error: {exc}\n")
         return EXIT_USAGE
+    if cfg.engine.deterministic == "on":  # before anything imports torch (MKL reads it once)
+        request_strict_mkl()
     if args.command == "config":
         sys.stdout.write(config_yaml(cfg))
         return 0
     _setup_logging(cfg.logging.level)
-    if cfg.engine.deterministic == "on":  # before anything imports torch (MKL reads it once)
-        request_strict_mkl()
     if args.command == "worker":
         return _worker(cfg)
     from rillet.http.serve import serve  # `rillet config` stays light
