@@ -37,7 +37,7 @@ def attend(
     q: torch.Tensor,  # [X, M, D] float32 query rows (M already padded)
     k: torch.Tensor,  # [X, S, D] float32, S a multiple of CHUNK
     v1: torch.Tensor,  # [X, S, Dv] float32: V | 1 | 0
-    lo: torch.Tensor,  # [X, M] int: first key each row reads
+    lo: torch.Tensor | None,  # [X, M] int: first key each row reads (None: 0)
     hi: torch.Tensor,  # [X, M] int: one past its last key (> lo)
     scale: float,
     softcap: float | None,
@@ -50,7 +50,10 @@ def attend(
     if softcap is not None:  # Gemma 2: cap * tanh(s / cap), as the torch backend
         s = torch.tanh(s.div_(softcap)).mul_(softcap)
     pos = torch.arange(n * CHUNK, device=q.device).view(1, n, 1, CHUNK)
-    s.masked_fill_((pos < lo[:, None, :, None]) | (pos >= hi[:, None, :, None]), float("-inf"))
+    outside = pos >= hi[:, None, :, None]
+    if lo is not None:
+        outside |= pos < lo[:, None, :, None]
+    s.masked_fill_(outside, float("-inf"))
     s.sub_(s.amax(dim=(1, 3), keepdim=True)).exp_()
     part = torch.matmul(s, v1.view(x, n, CHUNK, -1))  # [X, n, M, Dv]
     while part.shape[1] > 1:  # pairwise over chunk indices; an odd count gets a zero chunk
@@ -73,11 +76,14 @@ def gather_kv(
     idx = table.reshape(-1)
     kg = k_cache.index_select(0, idx).view(x, w * bs, hkv, d)[:, :s].transpose(1, 2)
     vg = v_cache.index_select(0, idx).view(x, w * bs, hkv, d)[:, :s].transpose(1, 2)
-    k = torch.zeros(x, hkv, sp, d, dtype=torch.float32, device=k_cache.device)
+    k = torch.empty(x, hkv, sp, d, dtype=torch.float32, device=k_cache.device)
     k[:, :, :s] = kg
-    v1 = torch.zeros(x, hkv, sp, _v_width(d), dtype=torch.float32, device=v_cache.device)
+    k[:, :, s:] = 0.0
+    v1 = torch.empty(x, hkv, sp, _v_width(d), dtype=torch.float32, device=v_cache.device)
     v1[:, :, :s, :d] = vg
+    v1[:, :, s:, :d] = 0.0
     v1[..., d] = 1.0
+    v1[..., d + 1 :] = 0.0
     return k, v1
 
 
@@ -101,7 +107,7 @@ def prefill_attention(
         tile = rows.pad(qg[:, t0:t1].reshape(hkv, (t1 - t0) * g, d))  # [Hkv, M, D]
         tok = (t0 + torch.arange(tile.shape[1], device=q.device) // g).clamp(max=t1 - 1)
         hi = (s - n_tok + 1 + tok).expand(hkv, -1)  # token t sits at s - L + t, sees keys <= it
-        lo = torch.zeros_like(hi) if window is None else (hi - window).clamp(min=0)
+        lo = None if window is None else (hi - window).clamp(min=0)
         n = padded_len(s - n_tok + t1)
         o = attend(tile, k[:, :n], v1[:, :n], lo, hi, scale, softcap)
         out[:, t0:t1] = o[:, : (t1 - t0) * g].view(hkv, t1 - t0, g, d)
@@ -126,6 +132,6 @@ def decode_attention(
     sp = k.shape[2]
     qg = rows.pad(q.float().reshape(b * hkv, g, d))  # [B*Hkv, M, D]
     hi = seq_lens.clamp(min=1).long().repeat_interleave(hkv)[:, None].expand(-1, qg.shape[1])
-    lo = torch.zeros_like(hi) if window is None else (hi - window).clamp(min=0)
+    lo = None if window is None else (hi - window).clamp(min=0)
     o = attend(qg, k.view(b * hkv, sp, d), v1.view(b * hkv, sp, -1), lo, hi, scale, softcap)
     return o[:, :g].reshape(b, hq, d)
