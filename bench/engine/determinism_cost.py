@@ -23,18 +23,18 @@ import os
 
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # before torch: see core/determinism/mkl.py
 
-import argparse  # noqa: E402
-import random  # noqa: E402
-import time  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import random
+import time
+from typing import Any
 
-import torch  # noqa: E402
-from rillet.core.config import config_from_dict  # noqa: E402
-from rillet.core.determinism.mkl import strict_in_force  # noqa: E402
-from rillet.core.llm import LLM  # noqa: E402
-from rillet.core.sampling_params import SamplingParams  # noqa: E402
+import torch
+from rillet.core.config import config_from_dict
+from rillet.core.determinism.mkl import strict_in_force
+from rillet.core.llm import LLM
+from rillet.core.sampling_params import SamplingParams
 
-from bench.lib.common import decode_path, peak_rss_mib, table, write_json  # noqa: E402
+from bench.lib.common import decode_path, peak_rss_mib, table, write_json
 
 
 def make_llm(deterministic: str, graphs: str, overrides: list[str]) -> LLM:

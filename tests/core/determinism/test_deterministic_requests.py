@@ -49,7 +49,7 @@ def reference(harness: Harness) -> Answer:
 
 
 def test_inside_a_batch_of_16_others(harness: Harness, reference: Answer) -> None:
-    for at in (0, 9, 16):
+    for at in (0, 16):
         got = harness.run(harness.others(16, 2, 40), at=at)
         assert got.same(reference), at
 
