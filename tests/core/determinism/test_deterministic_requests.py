@@ -77,7 +77,10 @@ def test_chunked_prefill_at_several_chunk_sizes(harness: Harness, reference: Ans
         harness.set_chunk(2048)
 
 
-def test_after_preemption_and_recomputation(harness: Harness, reference: Answer) -> None:
+def run_preempted(harness: Harness) -> Answer:
+    """Six prompts of 12 blocks less 3 tokens and the request (5 blocks) fill 77 of the pool's 79
+    blocks; the request, admitted last, is the first victim once the six need one more block each,
+    4 tokens in, and it is recomputed (prompt + output so far) after them."""
     sched = harness.llm.engine.core.scheduler
     preempted: list[str] = []
     real = sched._preempt
@@ -88,15 +91,15 @@ def test_after_preemption_and_recomputation(harness: Harness, reference: Answer)
 
     sched._preempt = spy  # type: ignore[method-assign]
     try:
-        # six prompts of 12 blocks less 3 tokens and the request (5 blocks) fill 77 of the pool's
-        # 79 blocks; the request, admitted last, is the first victim once the six need one more
-        # block each, 4 tokens in, and it is recomputed (prompt + output so far) after them
-        hogs = harness.others(6, 189, 189, max_tokens=12)
-        got = harness.run(hogs)
+        got = harness.run(harness.others(6, 189, 189, max_tokens=12))
     finally:
         del sched._preempt
     assert preempted, "the pool was meant to preempt"
-    assert got.same(reference)
+    return got
+
+
+def test_after_preemption_and_recomputation(harness: Harness, reference: Answer) -> None:
+    assert run_preempted(harness).same(reference)
 
 
 def test_the_compiled_decode_step_is_never_used(harness: Harness) -> None:
@@ -111,5 +114,6 @@ def test_with_overlapped_steps(which: str, tiny_hf_model: Any, reference: Answer
         assert h.run().same(reference)
         assert h.run(h.others(16, 2, 40), at=5).same(reference)
         if which == "tiny":
+            assert run_preempted(h).same(reference)
             h.set_chunk(17)
             assert h.run(h.others(3, 2, 30), at=1).same(reference)
