@@ -42,7 +42,7 @@ def make_llm(deterministic: str, graphs: str, overrides: list[str]) -> LLM:
         {
             "engine": {"deterministic": deterministic},
             "graphs": {"enabled": graphs},
-            "cache": {"num_blocks": 2048, "prefix_caching": False},  # no hits between turns
+            "cache": {"num_blocks": 1024, "prefix_caching": False},  # no hits between turns
             "scheduler": {"max_num_seqs": 64, "max_num_batched_tokens": 8192},
         },
         overrides,
