@@ -18,8 +18,12 @@ from typing import cast
 
 import torch
 from rillet.core.attention.base import AttentionBackend
+from rillet.core.attention.invariant import InvariantAttentionBackend
 from rillet.core.attention.select import create_attention_backend, select_attention_backend
 from rillet.core.config import CompileMode, ConfigError, RilletConfig
+from rillet.core.determinism import startup as deterministic
+from rillet.core.determinism.mode import resolve_deterministic
+from rillet.core.determinism.model import check_supported
 from rillet.core.loaders.default_model import default_model_path
 from rillet.core.loaders.gguf_file import GGUFFile, read_gguf
 from rillet.core.loaders.st_folder import StFolder, is_st_folder, read_st_folder, st_decoder_weights
@@ -133,6 +137,10 @@ def max_blocks_per_seq(cfg: RilletConfig, arch: ModelArch) -> int:
 def make_backend(
     cfg: RilletConfig, arch: ModelArch, device: torch.device, dtype: torch.dtype
 ) -> AttentionBackend:
+    if resolve_deterministic(cfg, device.type)[0]:  # engine.deterministic: one backend for every row
+        check_supported(arch)
+        log.info("attention: invariant (engine.deterministic on)")
+        return InvariantAttentionBackend(deterministic.row_padding())
     sel = select_attention_backend(cfg.attention, device, arch)
     for line in sel.log_lines:
         log.info("%s", line)
@@ -182,6 +190,8 @@ def load_model(
         model = build_model(arch, backend, dtype, device, cfg.model.max_model_len)
         model.load_weights(weights)
     maybe_quantize(precision.quantization, model)
+    if isinstance(model.backend, InvariantAttentionBackend):
+        deterministic.finish(model, model.backend.rows, cfg.cache.block_size)
     report("weights", 0.8)
     return model
 
@@ -273,6 +283,14 @@ def _decode_mode(cfg: RilletConfig, model: DecoderModel, device: torch.device) -
     except ValueError as exc:
         raise ConfigError("graphs.enabled", str(exc).split(": ", 1)[-1]) from exc
     backend = model.backend
+    if isinstance(backend, InvariantAttentionBackend) and mode != "eager":
+        if cfg.graphs.enabled == "on":
+            raise ConfigError(
+                "graphs.enabled",
+                "'on' compiles the decode step, which engine.deterministic 'on' does not serve "
+                "(its fused kernels round differently from the eager step); use 'auto' or 'off'",
+            )
+        return "eager", "engine.deterministic on: the eager step only, from the first request on"
     if mode == "cuda_graphs" and not backend.supports_cuda_graphs:
         return "eager", f"the {backend.name} attention backend cannot be captured"
     if mode == "compiled" and not backend.graph_safe_decode:

@@ -28,6 +28,7 @@ from rillet.core.build import (
     served_name,
 )
 from rillet.core.config import RilletConfig
+from rillet.core.determinism import startup as deterministic
 from rillet.core.embed_build import EmbedSetup, load_encoder, resolve_tasks
 from rillet.core.embedding import Pooling, Task
 from rillet.core.engine.block_manager import BlockManager
@@ -74,6 +75,7 @@ class Runtime:
 def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime:
     report: Progress = progress or (lambda stage, frac: None)
     device = resolve_device(cfg.model.device)
+    deterministic.begin(cfg, device)  # before anything runs MKL: it may still be made strict
     if cfg.model.num_threads is not None:
         torch.set_num_threads(cfg.model.num_threads)
     src = resolve_source(cfg)

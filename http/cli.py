@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import orjson
 import yaml
 from rillet.core.config import ConfigError, RilletConfig, config_to_dict, load_config
+from rillet.core.determinism.env import request_strict_mkl
 
 EXIT_USAGE = 2
 # flag dest -> config key (values are passed as JSON, which YAML parses back unchanged)
@@ -103,6 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"rillet: error: {exc}\n")
         return EXIT_USAGE
+    if cfg.engine.deterministic == "on":  # before anything imports torch (MKL reads it once)
+        request_strict_mkl()
     if args.command == "config":
         sys.stdout.write(config_yaml(cfg))
         return 0

@@ -42,6 +42,15 @@ class EngineConfig:
     # the host post-processes step N. auto = on for CUDA and for the asynchronous null engine, off
     # for CPU models (there torch runs a step on the calling thread: nothing to overlap).
     overlap: Literal["auto", "on", "off"] = "auto"
+    # Deterministic inference (core/determinism/): a request's tokens and logprobs do not depend on
+    # its batch, its prefill chunking or the prefix cache. on = batch-invariant kernels and the
+    # eager decode step only (CPU); auto = on only where it measured <= 5 % slower, which is nowhere
+    # yet (CPU: 1.2-2x, bench/engine/determinism_cost.py; GPU: not measured), so auto is off.
+    deterministic: Literal["auto", "on", "off"] = "auto"
+
+    def __post_init__(self) -> None:
+        for key in ("overlap", "deterministic"):
+            check(getattr(self, key) in ("auto", "on", "off"), f"engine.{key}", "must be auto, on or off")
 
 
 @dataclass(frozen=True)

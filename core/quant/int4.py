@@ -129,10 +129,10 @@ class Int8Weight(nn.Module):
         return y.scatter(1, top, exact)
 
 
-def lin(
-    x: torch.Tensor, w: torch.Tensor | Int4Weight | Int8Weight, b: torch.Tensor | None = None
-) -> torch.Tensor:
-    if isinstance(w, Int4Weight | Int8Weight):
+def lin(x: torch.Tensor, w: torch.Tensor | nn.Module, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w.T (+ b). A stand-in module (Int4Weight, Int8Weight, deterministic mode's
+    RowPaddedWeight in core/determinism/dense.py) computes the product itself."""
+    if isinstance(w, nn.Module):
         y = w(x)
         return y if b is None else y + b  # the bias added in the model's dtype
     return F.linear(x, w, b)

@@ -112,8 +112,14 @@ def apply_top_k_top_p(
         # checking that on the host is free here, as there is no device to wait for.
         kept, cum = _keep_best_prefix(logits, top_k, top_p, _CPU_PREFIX)
         top_p_only = (top_k >= vocab) & (cum[:, -1] >= top_p)
-        if bool(((top_k <= _CPU_PREFIX) | top_p_only).all()):
+        settled = (top_k <= _CPU_PREFIX) | top_p_only
+        if bool(settled.all()):
             return kept
+        # only the rows the prefix did not settle, so that a row's result never depends on its
+        # neighbours (the whole-vocabulary path rounds its normalisation differently)
+        redo = (~settled).nonzero().flatten()
+        kept[redo] = _keep_best_prefix(logits[redo], top_k[redo], top_p[redo], k)[0]
+        return kept
     return _keep_best_prefix(logits, top_k, top_p, k)[0]
 
 
@@ -272,23 +278,29 @@ class Sampler:
         logits = logits / knobs[:, 0:1]
         truncated = [i for i, s in enumerate(seqs) if s.params.top_k or s.params.top_p < 1.0]
         if truncated:
-            logits = self._truncate(logits, knobs, truncated, max(int(rows[i][1]) for i in truncated))
+            logits = self._truncate(logits, knobs, truncated, [int(r[1]) for r in rows])
         if any(s.params.min_p > 0.0 for s in seqs):
             logits = apply_min_p(logits, knobs[:, 3])
         probs = logits.softmax(dim=-1)
         return probs.div_(self._exponentials(probs, seqs)).argmax(dim=-1)
 
     def _truncate(
-        self, logits: torch.Tensor, knobs: torch.Tensor, rows: list[int], k_max: int
+        self, logits: torch.Tensor, knobs: torch.Tensor, rows: list[int], top_ks: list[int]
     ) -> torch.Tensor:
-        """Top-k / top-p on the rows that ask for it only: the others would need a full sort for nothing."""
-        index = None if len(rows) == len(logits) else self._index(rows)
-        sub_logits, sub_knobs = (logits, knobs) if index is None else (logits[index], knobs[index])
-        top_p = torch.where(sub_knobs[:, 2] < 1.0, sub_knobs[:, 2], _TOP_P_OFF)
-        kept = apply_top_k_top_p(sub_logits, sub_knobs[:, 1].long(), top_p, k_max)
-        if index is None:
-            return kept
-        logits[index] = kept
+        """Top-k / top-p on the rows that ask for it only: the others would need a full sort for
+        nothing. Rows go in groups of one top_k (`top_ks`, host values), each with its own k: a
+        row's result then depends on its own knobs only, whatever its batch (deterministic mode)."""
+        groups: dict[int, list[int]] = {}
+        for i in rows:
+            groups.setdefault(top_ks[i], []).append(i)
+        for k, group in groups.items():
+            index = None if len(group) == len(logits) else self._index(group)
+            sub_logits, sub_knobs = (logits, knobs) if index is None else (logits[index], knobs[index])
+            top_p = torch.where(sub_knobs[:, 2] < 1.0, sub_knobs[:, 2], _TOP_P_OFF)
+            kept = apply_top_k_top_p(sub_logits, sub_knobs[:, 1].long(), top_p, k)
+            if index is None:
+                return kept
+            logits[index] = kept
         return logits
 
     def _exponentials(self, probs: torch.Tensor, seqs: list[Seq]) -> torch.Tensor:
