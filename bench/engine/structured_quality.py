@@ -251,10 +251,22 @@ def run_mode(mode: str, max_tokens: int, sets: list[str]) -> list[dict[str, Any]
             outs = llm.generate(prompts, params)
             wall = time.perf_counter() - t0
             ok = lengths = 0
-            for (_, schema), out in zip(todo, outs, strict=True):
+            details = []
+            for k, ((_, schema), out) in enumerate(zip(todo, outs, strict=True)):
                 o = out.outputs[0]
                 lengths += len(o.token_ids)
-                ok += o.finish_reason is FinishReason.STOP and parses(o.text, schema, mode != "none")
+                good = o.finish_reason is FinishReason.STOP and parses(o.text, schema, mode != "none")
+                ok += good
+                reason = o.finish_reason.value if o.finish_reason else None
+                details.append(
+                    {
+                        "task": k,
+                        "ok": good,
+                        "finish": reason,
+                        "tokens": len(o.token_ids),
+                        "text": o.text[:300],
+                    }
+                )
             rows.append(
                 {
                     "mode": mode,
@@ -264,9 +276,10 @@ def run_mode(mode: str, max_tokens: int, sets: list[str]) -> list[dict[str, Any]
                     "ok_share": ok / len(todo),
                     "mean_tokens": lengths / len(todo),
                     "wall_s": wall,
+                    "details": details,
                 }
             )
-            print(rows[-1])
+            print({k: v for k, v in rows[-1].items() if k != "details"})
     return rows
 
 
