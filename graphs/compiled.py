@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TypeVar, cast
 
 import torch
+from rillet.graphs.frozen import frozen_weights
 from rillet.graphs.interface import DecodeBatch, DecodeModel
 from rillet.graphs.static_buffers import StaticBuffers
 from rillet.graphs.verify import CompiledVerify
@@ -102,22 +103,6 @@ def resolve_compile_mode(requested: str, device: torch.device, int4_weights: boo
 def freezes(mode: str, device: torch.device) -> bool:
     """Whether a compile in `mode` on `device` freezes the weights (see the module docstring)."""
     return device.type == "cpu" and mode.startswith("max-autotune")
-
-
-@contextmanager
-def _frozen_weights(on: bool) -> Iterator[None]:
-    """Inductor's `freezing` for the compile that runs inside: dynamo reads it while tracing, on
-    the tracing thread (Inductor's config overrides are per thread), to turn the parameters into
-    constants; torch.compile(options=...) reaches Inductor but not that tracing (seen: nothing
-    froze). Frozen parameters stay the module's own tensors (freezing_discard_parameters is off):
-    the eager path keeps using them, and Inductor's cache stores their names, not their values."""
-    if not on:
-        yield
-        return
-    import torch._inductor.config as inductor_config
-
-    with inductor_config.patch(freezing=True):
-        yield
 
 
 def compile_decode(fn: StepFn, mode: str) -> StepFn:
@@ -183,6 +168,7 @@ class CompiledDecode:
         self.settled = False  # no compile will follow: guards may be skipped (see __call__)
         self.failed: str | None = None  # why compiled decode is off (error, or not faster)
         self.freeze = freezes(compile_mode, device)
+        self._weights_key: str | None = None  # set on the compile thread when freezing (frozen.py)
         self.seconds: dict[str, float] = {}
         # auto: every graph is built, the check against eager waits for poll() on the model's thread
         self._check_due = False
@@ -266,6 +252,8 @@ class CompiledDecode:
         total = time.perf_counter()
         mode = self.compile_mode + (", weights frozen" if self.freeze else "")
         logger.info("compiling the decode step (torch.compile, mode %s) in the background", mode)
+        if self.freeze:
+            self._weights_key = self.model.weights_key()
         batch = self._warm.padding(COMPILE_ROWS, COMPILE_WIDTH)
         mark_batch_dynamic(batch, width=True, strict=True)
         if self._stopping.is_set():
@@ -298,7 +286,7 @@ class CompiledDecode:
     def _compile_verify(self, verify: CompiledVerify) -> None:
         """A failed verify compile leaves verify steps eager; the decode graphs stay in use."""
         try:
-            with _frozen_weights(self.freeze):
+            with frozen_weights(self._weights_key):
                 verify.compile()
             self.seconds["verify"] = verify.seconds
         except Exception as exc:
@@ -325,7 +313,7 @@ class CompiledDecode:
         hits = _cache_hits()
         start = time.perf_counter()
         self.model.prepare_decode(batch)
-        with _frozen_weights(self.freeze):
+        with frozen_weights(self._weights_key):
             self.fn(batch)
         self.seconds[name] = time.perf_counter() - start
         cached = "Inductor cache hit" if _cache_hits() > hits else "compiled"

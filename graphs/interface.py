@@ -88,6 +88,11 @@ class DecodeModel(Protocol):
 
     def forward_decode(self, batch: DecodeBatch) -> torch.Tensor: ...
 
+    def weights_key(self) -> str:
+        """A fingerprint of the weights the forward reads (graphs/frozen.py: frozen compiles key
+        Inductor's cache by it). Called on the compile thread, only when the weights are frozen."""
+        ...
+
 
 class VerifyModel(Protocol):
     """The model side of a graphed speculative verify step: as DecodeModel, over a VerifyBatch;

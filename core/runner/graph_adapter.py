@@ -3,9 +3,12 @@ capturable forward over one decode step."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from rillet.core.attention.base import AttentionMetadata, DecodeMetadata, VerifyMetadata
 from rillet.core.model.decoder import DecoderModel, KVCache
+from rillet.graphs.frozen import weights_fingerprint
 from rillet.graphs.interface import DecodeBatch, VerifyBatch
 
 
@@ -48,6 +51,9 @@ class DecoderGraphAdapter:
             assert self.meta is not None
             meta = self.meta
         return self.model(b.input_ids, b.positions, self.kv_caches, meta)
+
+    def weights_key(self) -> str:
+        return weights_fingerprint(itertools.chain(self.model.parameters(), self.model.buffers()))
 
     # ---- speculative verify steps (graphs/interface.py VerifyModel) ---------------------------
     def prepare_verify(self, b: VerifyBatch) -> None:
