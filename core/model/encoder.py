@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from rillet.core.model.families import ENCODER_MODEL_TYPES
 from torch import nn
 
-SUPPORTED = ("bert",)
+SUPPORTED = ENCODER_MODEL_TYPES
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),

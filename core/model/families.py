@@ -20,6 +20,8 @@ from rillet.core.model.arch import ModelArch
 
 HF_MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3")
 HF_MODEL_TYPES += ("phi3", "mixtral", "qwen3_moe")
+# Encoders run only as embedding models, from a sentence-transformers folder (core/model/encoder.py)
+ENCODER_MODEL_TYPES: tuple[str, ...] = ("bert",)
 _GEMMA = ("gemma2", "gemma3_text", "gemma3")
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from rillet.core.config import ConfigError, RilletConfig
 from rillet.core.loaders.gguf_arch import SUPPORTED_ARCHITECTURES
 from rillet.core.loaders.gguf_file import read_gguf
-from rillet.core.model.families import HF_MODEL_TYPES, UnsupportedArchitecture
+from rillet.core.model.families import ENCODER_MODEL_TYPES, HF_MODEL_TYPES, UnsupportedArchitecture
 
 GGUF_MAGIC = b"GGUF"
 
@@ -57,5 +57,7 @@ def _check_hf_family(config: Path) -> None:
         model_type = json.loads(config.read_text()).get("model_type", "llama")
     except (OSError, ValueError, AttributeError) as exc:
         raise ConfigError("model.path", f"{config} is not a readable JSON object ({exc})") from exc
+    if model_type in ENCODER_MODEL_TYPES and (config.parent / "modules.json").is_file():
+        return  # a sentence-transformers encoder: served for /v1/embeddings (model.task auto -> embed)
     if model_type not in HF_MODEL_TYPES:
         raise UnsupportedArchitecture("model_type", str(model_type), HF_MODEL_TYPES)
