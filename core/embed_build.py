@@ -19,8 +19,8 @@ from rillet.core.config import ConfigError, RilletConfig
 from rillet.core.embedding import Pooling, PoolingMode, Task
 from rillet.core.loaders.hf import find_hf_folder, iter_safetensors
 from rillet.core.loaders.st_folder import has_lm_head
-from rillet.core.model.encoder import SUPPORTED as ENCODERS
 from rillet.core.model.encoder import EncoderArch, build_encoder
+from rillet.core.model.families import ENCODER_MODEL_TYPES as ENCODERS
 from rillet.core.runner.encoder_runner import EncoderRunner
 
 log = logging.getLogger(__name__)

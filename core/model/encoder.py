@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from rillet.core.model.families import ENCODER_MODEL_TYPES
 from torch import nn
 
-SUPPORTED = ENCODER_MODEL_TYPES
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -46,8 +45,8 @@ class EncoderArch:
     def from_hf_config(cls, cfg: dict[str, Any]) -> EncoderArch:
         """From a BERT `config.json`; ValueError for what this encoder does not implement."""
         kind = cfg.get("model_type")
-        if kind not in SUPPORTED:
-            raise ValueError(f"encoder model_type {kind!r} is not supported (one of {SUPPORTED})")
+        if kind not in ENCODER_MODEL_TYPES:
+            raise ValueError(f"encoder model_type {kind!r} is not supported (one of {ENCODER_MODEL_TYPES})")
         act = str(cfg.get("hidden_act", "gelu"))
         if act not in _ACTIVATIONS:
             raise ValueError(f"hidden_act {act!r} is not supported (one of {sorted(_ACTIVATIONS)})")

@@ -232,7 +232,7 @@ def _int4_tiny(seed: int) -> tuple[DecoderGraphAdapter, GraphRunner]:
     return adapter, GraphRunner(adapter, settings, max_num_seqs=4, max_blocks_per_seq=4, device="cpu")
 
 
-def test_int4_weights_go_through_the_graph_frozen_and_autotuned(tmp_path: Any) -> None:
+def test_int4_weights_go_through_the_graph_frozen_and_autotuned() -> None:
     """int4 weights on CPU compile in the tuned mode (auto): the weights frozen, each int4 matmul
     autotuned between aten's kernel (an extern kernel in the graph) and Inductor's int4 GEMM
     template (offered only for frozen weights), fullgraph, no break. Inductor's cache is keyed by
