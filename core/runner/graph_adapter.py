@@ -47,7 +47,7 @@ class DecoderGraphAdapter:
         else:
             assert self.meta is not None
             meta = self.meta
-        return self.model(b.input_ids, b.positions, self.kv_caches, meta)
+        return self.model(b.input_ids, b.positions, self.kv_caches, meta, b.lora_slots)
 
     # ---- speculative verify steps (graphs/interface.py VerifyModel) ---------------------------
     def prepare_verify(self, b: VerifyBatch) -> None:
