@@ -75,8 +75,6 @@ class DecoderLayer(nn.Module):
         # row-parallel shards, so their outputs are partial sums that this all-reduce completes;
         # None on one rank.
         self.all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
-        # LoRA adapters' buffers of this layer (core/lora/stack.py), set by DecoderModel.attach_lora
-        self.lora: LayerLora | None = None
 
     def _reduce(self, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         # int4 projections return bf16: widened to the residual's dtype (exact)
@@ -90,10 +88,10 @@ class DecoderLayer(nn.Module):
         kv_cache: KVCache,
         meta: StepMetadata,
         mix: torch.Tensor | None = None,  # [T, L*R] LoRA slot scales of each token (None: base only)
+        lora: LayerLora | None = None,  # this layer's LoRA buffers (with mix)
     ) -> torch.Tensor:  # [T, H]
         t, d, nq, nkv = x.shape[0], self.head_dim, self.n_q, self.n_kv
         cos, sin = rope
-        lora = self.lora if mix is not None else None
         h = _norm(x, self.attn_norm, self.eps)
         qkv = lin(h, self.qkv_weight, self.qkv_bias).to(x.dtype)  # [T, (Hq + 2 Hkv) * D]
         if lora is not None and lora.qkv is not None and mix is not None:
@@ -185,7 +183,10 @@ class DecoderModel(nn.Module):
         self.norm = _param((h,), dtype)
         self.lm_head = None if arch.tie_word_embeddings else _param((vocab, h), dtype)
         self.quant_head: Int8Weight | None = None  # the LM head as int8, set by quantize_int4()
-        self.lora: LoraStack | None = None  # LoRA adapters' stacked buffers (attach_lora)
+        # LoRA adapters' stacked buffers (attach_lora). Never read by forward, which takes them as
+        # an argument: Inductor's weight freezing folds whatever a module holds into constants,
+        # and a compiled step would then never see an adapter loaded into a slot.
+        self.lora: LoraStack | None = None
         # cos/sin are computed in fp32 and stored in the model dtype, as HF casts them to the input's
         positions = max_position or arch.max_position
         self.rope = RotaryEmbedding(
@@ -209,6 +210,7 @@ class DecoderModel(nn.Module):
         kv_caches: list[KVCache],  # one per layer
         meta: StepMetadata,
         lora_slots: torch.Tensor | None = None,  # [T] int64 LoRA slot of each token (0: base model)
+        lora: LoraStack | None = None,  # the buffers lora_slots index (the model's own: self.lora)
     ) -> torch.Tensor:  # [T, H], after the final norm
         x = F.embedding(input_ids, self.embed_tokens)
         if self.embed_scale is not None:
@@ -216,17 +218,17 @@ class DecoderModel(nn.Module):
         rope = self.rope.cos_sin(positions)
         local = rope if self.rope_local is None else self.rope_local.cos_sin(positions)
         # one mix per step, shared by every layer's LoRA projections
-        mix = None if self.lora is None or lora_slots is None else self.lora.mix(lora_slots)
-        for layer, kv in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, local if layer.local_rope else rope, kv, meta, mix)
+        mix = None if lora is None or lora_slots is None else lora.mix(lora_slots)
+        for i, (layer, kv) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            layer_lora = lora.layers[i] if lora is not None and mix is not None else None
+            x = layer(x, local if layer.local_rope else rope, kv, meta, mix, layer_lora)
         return F.rms_norm(x, self.norm.shape, self.norm, self.arch.rms_norm_eps)
 
     def attach_lora(self, stack: LoraStack) -> None:
-        """Serve LoRA adapters: each layer adds its deltas from `stack` (core/lora/stack.py)."""
+        """Serve LoRA adapters from `stack` (core/lora/stack.py): callers pass it to forward."""
+        if len(stack.layers) != len(self.layers):
+            raise ValueError(f"LoRA buffers for {len(stack.layers)} layers, the model has {len(self.layers)}")
         self.lora = stack
-        for layer, lora in zip(self.layers, stack.layers, strict=True):
-            assert isinstance(layer, DecoderLayer)
-            layer.lora = lora
 
     @property
     def int4_weights(self) -> bool:

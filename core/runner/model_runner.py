@@ -130,7 +130,9 @@ class ModelRunner:
             )  # [B, H], one row per sequence in batch order (T = B)
         else:
             self.model.backend.begin_step(m)
-            hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, m, inp.lora_slots)  # [T, H]
+            hidden = self.model(
+                inp.input_ids, inp.positions, self.kv_caches, m, inp.lora_slots, self.model.lora
+            )  # [T, H]
         return hidden
 
     def _write_adapters(self, batch: ScheduledBatch) -> None:

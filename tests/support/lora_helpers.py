@@ -10,6 +10,30 @@ from typing import Any
 import torch
 
 ALL_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+NEW = 10  # greedy tokens per request in the comparisons
+PROMPTS = [[(7 * i + 3 * k) % 250 + 1 for k in range(3 + (11 * i) % 29)] for i in range(8)]
+# the adapters of tests/core/lora/conftest.py: (name, r, alpha, targets (None: all), rsLoRA)
+ADAPTERS: list[tuple[str, int, float, list[str] | None, bool]] = [
+    ("a1", 8, 16, None, False),
+    ("a2", 4, 8, ["q_proj", "v_proj", "down_proj"], False),
+    ("a3", 16, 8, ["k_proj", "o_proj", "gate_proj", "up_proj"], True),
+]
+
+
+def lora_cfg(setup: dict[str, Any], **sections: Any) -> Any:
+    """A float32 CPU config of the tiny model of `setup` with its adapters (more `lora` keys and
+    other sections from `sections`)."""
+    from rillet.core.config import config_from_dict
+
+    lora = {"adapters": setup["paths"], **sections.pop("lora", {})}
+    model = {
+        "path": setup["folder"],
+        "kind": "hf",
+        "dtype": "float32",
+        "device": "cpu",
+        **sections.pop("model", {}),
+    }
+    return config_from_dict({"model": model, "lora": lora, **sections})
 
 
 def make_adapter(
