@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 import torch
-from lora_helpers import ADAPTERS, NEW, PROMPTS, greedy, make_adapter
 from rillet.graphs.runner import GraphRunner
+from tiny_models.lora_adapters import ADAPTERS, NEW, PROMPTS, greedy, make_adapter
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a model folder's path is never looked up on a hub
 

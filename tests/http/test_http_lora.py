@@ -15,9 +15,9 @@ from typing import Any
 import openai
 import pytest
 from http_helpers import assert_error, post, request, serving, wait_for
-from lora_helpers import PROMPTS
 from rillet.core.config import load_config
 from rillet.http.background import BackgroundServer
+from tiny_models.lora_adapters import PROMPTS
 
 KEY = "sk-lora"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lora_helpers import lora_cfg, make_adapter
 from rillet.core.config import ConfigError
 from rillet.core.errors import AdapterError, AdapterErrorKind
 from rillet.core.llm import LLM
 from rillet.core.lora.adapter import WEIGHTS_FILE, read_adapter
 from rillet.core.model.families import arch_from_hf_config
 from safetensors.torch import load_file, save_file
+from tiny_models.lora_adapters import lora_cfg, make_adapter
 
 
 @pytest.fixture(scope="module")

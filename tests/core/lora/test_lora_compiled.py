@@ -10,7 +10,6 @@ from typing import Any, cast
 
 import pytest
 import torch
-from lora_helpers import ALL_MODULES, NEW, PROMPTS, lora_cfg
 from rillet.core.attention.torch_backend import TorchAttentionBackend
 from rillet.core.config import CompileMode, GraphConfig
 from rillet.core.llm import LLM
@@ -24,6 +23,7 @@ from rillet.core.sampling_params import SamplingParams
 from rillet.graphs.compiled import resolve_compile_mode
 from rillet.graphs.interface import DecodeBatch
 from rillet.graphs.runner import GraphRunner
+from tiny_models.lora_adapters import ALL_MODULES, NEW, PROMPTS, lora_cfg
 from torch._dynamo.utils import counters
 
 pytestmark = pytest.mark.compiled

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from lora_helpers import ADAPTERS, NEW, PROMPTS, lora_cfg
 from rillet.core.config import config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.sampling_params import SamplingParams
+from tiny_models.lora_adapters import ADAPTERS, NEW, PROMPTS, lora_cfg
 
 
 def _run(llm: LLM, prompts: list[list[int]], loras: list[str | None]) -> list[list[int]]:
