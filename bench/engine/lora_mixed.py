@@ -12,7 +12,8 @@ tokens, `--tokens` greedy tokens, EOS ignored, no prefix caching): tok/s = gener
 the batch's wall time (prefill included). The adapters are random PEFT-format folders written to
 a temporary directory (rank `--rank`, every projection targeted, or `--targets`), checked and loaded
 by the engine like any other. Memory per adapter: its host copy (A and B, float32), its slot in the
-stacked device buffers, and the process's RSS growth per adapter while loading them.
+stacked device buffers (allocated once for `--adapters` slots), and the process's RSS growth per
+adapter while loading them (the host copy: placing it in a slot allocates nothing).
 
 Both engines serve the default decode step (`graphs.enabled: auto`: on CPU the compiled step once
 its background compile is done, which this script waits for).
@@ -149,9 +150,10 @@ def main() -> None:
         rows.append({"cell": name, "tok/s": tok_s, "vs base": tok_s / (best["base"][1] / best["base"][0])})
     infos = registry.infos()
     memory = {
-        "host_mib_per_adapter": sum(a.nbytes for a in infos) / len(infos) / 2**20,
-        "slot_mib_per_adapter": registry.stack.slot_bytes / 2**20,
-        "buffers_rss_mib": rss1 - rss0,
+        "host_mib_per_adapter": sum(a.nbytes for a in infos) / len(infos) / 2**20,  # its A and B, fp32
+        "slot_mib_per_adapter": registry.stack.slot_bytes / 2**20,  # its share of the stacked buffers
+        "buffers_mib": registry.stack.slot_bytes * registry.stack.slots / 2**20,  # allocated up front
+        "lora_engine_rss_mib": rss1 - rss0,  # the whole second engine: weights, KV pool, buffers
         "rss_mib_per_adapter_loaded": (rss2 - rss1) / len(names),
     }
     base.close()
