@@ -36,3 +36,23 @@ class RequestError(ValueError):
         super().__init__(f"{param}: {message}")
         self.param = param
         self.message = message
+
+
+class AdapterErrorKind(enum.Enum):
+    """Why a LoRA adapter could not be loaded, unloaded or used."""
+
+    INVALID = "invalid"  # the files are not an adapter this model can serve (HTTP 400)
+    NOT_FOUND = "not_found"  # no adapter of that name is loaded (HTTP 404)
+    EXISTS = "exists"  # an adapter of that name is loaded already (HTTP 400)
+    DISABLED = "disabled"  # lora.allow_runtime_updates is off, or the model serves no adapters
+
+
+class AdapterError(ValueError):
+    """A LoRA adapter refused: `kind` says why, `name` is the adapter, the message says where
+    (the file and the tensor)."""
+
+    def __init__(self, kind: AdapterErrorKind, name: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.name = name
+        self.message = message

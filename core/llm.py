@@ -70,8 +70,10 @@ class LLM:
         prompts: Sequence[str | list[int]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         n: int = 1,
+        lora: str | Sequence[str | None] | None = None,
     ) -> list[RequestOutput]:
-        """All prompts are submitted at once, so they run batched; results in prompt order."""
+        """All prompts are submitted at once, so they run batched; results in prompt order.
+        `lora`: a loaded LoRA adapter's name for every prompt, or one name (or None) per prompt."""
         plist: list[SamplingParams]
         if params is None or isinstance(params, SamplingParams):
             plist = [params or SamplingParams()] * len(prompts)
@@ -79,14 +81,17 @@ class LLM:
             plist = list(params)
         if len(plist) != len(prompts):
             raise ValueError("params: need one SamplingParams per prompt, or a single one")
+        loras = [lora] * len(prompts) if lora is None or isinstance(lora, str) else list(lora)
+        if len(loras) != len(prompts):
+            raise ValueError("lora: need one adapter name (or None) per prompt, or a single one")
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
-        for prompt, p in zip(prompts, plist, strict=True):
+        for prompt, p, adapter in zip(prompts, plist, loras, strict=True):
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
             rid = uuid.uuid4().hex
             results[rid] = RequestOutput(rid, ids, [CompletionOutput(i) for i in range(n)])
             order.append(rid)
-            self.engine.add_request(rid, ids, p, n=n)
+            self.engine.add_request(rid, ids, p, n=n, lora=adapter)
         self._collect(results)
         return [results[rid] for rid in order]
 

@@ -34,6 +34,8 @@ from rillet.core.embedding import Pooling, Task
 from rillet.core.engine.block_manager import BlockManager
 from rillet.core.engine.detokenizer import IncrementalDetokenizer, token_text_table
 from rillet.core.engine.scheduler import Scheduler
+from rillet.core.lora.registry import LoraRegistry
+from rillet.core.lora.setup import attach_lora, refuse_unsupported
 from rillet.core.model.arch import ModelArch
 from rillet.core.model.decoder import DecoderModel
 from rillet.core.runner.base import Runner
@@ -70,6 +72,7 @@ class Runtime:
     embedding_size: int | None = None  # components of an embedding (before `dimensions`)
     encoder: bool = False  # embeddings run whole, without KV (a BERT-family encoder)
     speculator: Speculator | None = None  # speculative decoding (core/spec/), None when off
+    lora: LoraRegistry | None = None  # LoRA adapters (core/lora/), None when lora asks for none
 
 
 def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime:
@@ -87,15 +90,19 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
     tokenizer = load_tokenizer(src)
     name = served_name(cfg, src)
     if src.kind == "synthetic":
+        refuse_unsupported(cfg, "the synthetic model")
         return _synthetic_runtime(cfg, tokenizer, name, device, precision.dtype, report, setup)
     report("weights", 0.1)
     if setup.encoder:
+        refuse_unsupported(cfg, "an encoder (embeddings only)")
         return _encoder_runtime(cfg, src, setup, tokenizer, name, device, precision, report)
     if "generate" not in setup.tasks:  # embeddings never decode: no decode step to compile
         cfg = replace(cfg, graphs=replace(cfg.graphs, enabled="off"))
     with _cluster(cfg, src, device, precision) as cluster:
         model = _load(cfg, src, device, precision, cluster, report)
         blocks = _block_pool(cfg, model, cluster, precision.dtype, device)
+        scheduler = Scheduler(cfg.scheduler, blocks)
+        lora = attach_lora(cfg, model, scheduler, name)  # before the decode step compiles
         report("kv cache", 0.9)
         eos = tuple(sorted(set(tokenizer.eos_token_ids) | set(model.arch.eos_token_ids)))
         own = model_runner(cfg, model, blocks.num_blocks, eos, device, precision.dtype)
@@ -116,7 +123,7 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         tokenizer=tokenizer,
         model_name=name,
         max_model_len=max_len,
-        scheduler=Scheduler(cfg.scheduler, blocks),
+        scheduler=scheduler,
         runner=runner,
         make_detokenizer=detokenizer_factory(tokenizer),
         device=device,
@@ -128,6 +135,7 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         pooling=setup.pooling,
         embedding_size=model.arch.hidden_size if setup.pooling is not None else None,
         speculator=spec,
+        lora=lora,
     )
 
 

@@ -22,11 +22,15 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rillet.core.embedding import EmbedParams
 from rillet.core.errors import ErrorKind
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.structured.matcher import GrammarMatcher
+
+if TYPE_CHECKING:  # torch-free at run time: the HTTP layer imports this module
+    from rillet.core.lora.adapter import LoraAdapter
 
 
 class SeqStatus(enum.Enum):
@@ -77,6 +81,10 @@ class Seq:
     embed: EmbedParams | None = None
     # speculative decoding: this step's draft (set before scheduling, cleared once the step lands)
     draft_ids: list[int] = field(default_factory=list)
+    # LoRA (core/lora/): the request's adapter (None: the base model) and, while RUNNING, the slot
+    # of the stacked buffers it holds a reference on (0: the base model's)
+    lora: LoraAdapter | None = None
+    lora_slot: int = 0
 
     @property
     def prompt_len(self) -> int:

@@ -137,6 +137,8 @@ def mark_batch_dynamic(batch: DecodeBatch, width: bool = False, strict: bool = F
         return
     for t in (batch.input_ids, batch.positions, batch.slot_mapping, batch.seq_lens, batch.block_tables):
         mark(t, 0)
+    if batch.lora_slots is not None:
+        mark(batch.lora_slots, 0)
     mark(batch.query_start, 0)
 
 

@@ -9,7 +9,8 @@ axis and `query_start` is simply 0, 1, ..., n. Padding rows (added to reach a ca
 must never touch real state:
   - token id 0 at position 0, writing its K/V to slot 0, inside block 0: the reserved dummy
     block that no sequence owns (see core/attention/base.py);
-  - context length 1 (just that dummy slot) over a block table of zeros.
+  - context length 1 (just that dummy slot) over a block table of zeros;
+  - adapter slot 0 (the base model: no LoRA delta).
 So a padding row attends to one dummy key, stays finite, and its output row is thrown away.
 """
 
@@ -25,6 +26,7 @@ PAD_POSITION = 0
 PAD_SLOT = 0  # slot 0 = block 0, offset 0: the reserved dummy block
 PAD_BLOCK = 0
 PAD_SEQ_LEN = 1  # position 0 + 1: the padding row's own (dummy) token is its whole context
+PAD_LORA_SLOT = 0  # no adapter
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,9 @@ class DecodeBatch:
     block_tables: torch.Tensor  # [n, W] int32, unused columns 0
     query_start: torch.Tensor  # [n + 1] int32: 0, 1, ..., n
     seq_lens_cpu: list[int]  # [n] host copy of seq_lens, for host-side planning only
+    # [n] int64: each row's adapter slot (LoRA: the model's stacked adapter buffers; 0 = none).
+    # The static buffers always hold one (padding rows: 0), so a graph never sees it appear.
+    lora_slots: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:

@@ -15,7 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from rillet.graphs.interface import PAD_BLOCK, PAD_POSITION, PAD_SEQ_LEN, PAD_SLOT, PAD_TOKEN_ID, DecodeBatch
+from rillet.graphs.interface import (
+    PAD_BLOCK,
+    PAD_LORA_SLOT,
+    PAD_POSITION,
+    PAD_SEQ_LEN,
+    PAD_SLOT,
+    PAD_TOKEN_ID,
+    DecodeBatch,
+)
 
 
 @dataclass
@@ -27,6 +35,7 @@ class StaticBuffers:
     block_tables: torch.Tensor  # [N * W] int32, viewed as [n, width] (width <= W)
     query_start: torch.Tensor  # [N + 1] int32: 0..N, constant (one query token per row)
     max_blocks_per_seq: int  # W
+    lora_slots: torch.Tensor  # [N] int64: each row's adapter slot (0: none)
 
     @classmethod
     def allocate(cls, max_rows: int, max_blocks_per_seq: int, device: torch.device) -> StaticBuffers:
@@ -46,6 +55,7 @@ class StaticBuffers:
             block_tables=full((max_rows * max_blocks_per_seq,), PAD_BLOCK, torch.int32),
             query_start=torch.arange(max_rows + 1, dtype=torch.int32, device=device),
             max_blocks_per_seq=max_blocks_per_seq,
+            lora_slots=full((max_rows,), PAD_LORA_SLOT, torch.int64),
         )
         return buffers
 
@@ -72,6 +82,10 @@ class StaticBuffers:
         self.positions[:b].copy_(batch.positions, non_blocking=True)
         self.slot_mapping[:b].copy_(batch.slot_mapping, non_blocking=True)
         self.seq_lens[:b].copy_(batch.seq_lens, non_blocking=True)
+        if batch.lora_slots is not None:
+            self.lora_slots[:b].copy_(batch.lora_slots, non_blocking=True)
+        else:
+            self.lora_slots[:b].fill_(PAD_LORA_SLOT)
         tables = self.block_tables[: rows * width].view(rows, width)
         if w == width:
             tables[:b].copy_(batch.block_tables, non_blocking=True)
@@ -100,6 +114,7 @@ class StaticBuffers:
             block_tables=self.block_tables[: rows * width].view(rows, width),
             query_start=self.query_start[: rows + 1],
             seq_lens_cpu=seq_lens_cpu,
+            lora_slots=self.lora_slots[:rows],
         )
 
     def _pad(self, start: int, stop: int, width: int) -> None:
@@ -107,4 +122,5 @@ class StaticBuffers:
         self.positions[start:stop].fill_(PAD_POSITION)
         self.slot_mapping[start:stop].fill_(PAD_SLOT)
         self.seq_lens[start:stop].fill_(PAD_SEQ_LEN)
+        self.lora_slots[start:stop].fill_(PAD_LORA_SLOT)
         self.block_tables[start * width : stop * width].fill_(PAD_BLOCK)

@@ -18,6 +18,7 @@ from aiohttp.typedefs import Handler
 from rillet.http.anthropic.errors import error_json
 from rillet.http.handlers import STATE, chat_completions, completions, get_model, health, list_models, metrics
 from rillet.http.handlers import embeddings as embeddings_handler
+from rillet.http.lora.routes import load_lora_adapter, unload_lora_adapter
 from rillet.http.messages_api import MESSAGES_ROUTES, count_message_tokens, create_message
 from rillet.http.net.connection import ApiRequestHandler, connection_of
 from rillet.http.net.listener import ApiSite
@@ -99,6 +100,9 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_post("/v1/messages", create_message)
     app.router.add_post("/v1/messages/count_tokens", count_message_tokens)
     app.router.add_post("/v1/embeddings", embeddings_handler)
+    if state.cfg.lora.allow_runtime_updates:  # vLLM's routes; absent otherwise (404)
+        app.router.add_post("/v1/load_lora_adapter", load_lora_adapter)
+        app.router.add_post("/v1/unload_lora_adapter", unload_lora_adapter)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", get_model)
     app.router.add_get("/health", health)

@@ -70,6 +70,7 @@ class EngineLike(Protocol):
         params: SamplingParams,
         n: int = 1,
         deadline: float | None = None,
+        lora: str | None = None,  # a loaded LoRA adapter's name (engines without LoRA: never given)
     ) -> None: ...
 
     def add_embedding(
@@ -83,6 +84,23 @@ class EngineLike(Protocol):
     def abort(self, request_id: str) -> None: ...
 
     def stats(self) -> StatsLike: ...
+
+
+class AdapterInfoLike(Protocol):
+    name: str
+    path: str
+    rank: int
+    nbytes: int
+
+
+class LoraEngine(Protocol):
+    """What the LoRA routes need of an engine that serves adapters (core/engine/engine.py)."""
+
+    def lora_adapters(self) -> Sequence[AdapterInfoLike]: ...
+
+    def load_lora(self, name: str, path: str) -> None: ...
+
+    def unload_lora(self, name: str) -> None: ...
 
 
 ProgressFn = Callable[[str, float], None]

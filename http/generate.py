@@ -16,12 +16,18 @@ import time
 
 import orjson
 from aiohttp import web
-from rillet.core.errors import EngineDeadError, QueueFullError, RequestError
+from rillet.core.errors import AdapterError, EngineDeadError, QueueFullError, RequestError
 from rillet.http.engine_api import EngineLike
 from rillet.http.front_end import FrontEnd, OpenAiFront
 from rillet.http.keepalive import keep_alive
 from rillet.http.openai.chunks import Usage
-from rillet.http.openai.errors import JSON_CONTENT_TYPE, bad_request, queue_full, unavailable
+from rillet.http.openai.errors import (
+    JSON_CONTENT_TYPE,
+    bad_request,
+    model_not_found,
+    queue_full,
+    unavailable,
+)
 from rillet.http.openai.protocol import GenRequest
 from rillet.http.state import ServerState
 from rillet.http.stream.collect import collect
@@ -55,13 +61,15 @@ async def run_generation(
 ) -> web.StreamResponse:
     """`front`: the API answering (None: OpenAI chat or completions, from `gen.kind`)."""
     assert state.texts is not None
-    api: FrontEnd = front or OpenAiFront(gen, engine.model_name, state.texts)
+    api: FrontEnd = front or OpenAiFront(gen, gen.lora or engine.model_name, state.texts)
     rid = api.request_id
     engine_ids = (rid,) if len(gen.prompts) == 1 else tuple(f"{rid}-{p}" for p in range(len(gen.prompts)))
     stream = RequestStream(rid, gen.num_choices, engine_ids)
     usage = Usage([len(p) for p in gen.prompts], gen.n)
     _submit(state, engine, gen, stream)
     state.metrics.prompt_tokens.inc(usage.prompt_tokens)
+    if gen.lora is not None:
+        state.metrics.count_adapter(gen.lora, usage.prompt_tokens)
     clean = False
     try:
         if gen.stream:
@@ -80,6 +88,8 @@ async def run_generation(
                 engine.abort(eid)
         if stream.first_token_at is not None:
             state.metrics.e2e.observe(stream.last_token_at - stream.arrival)
+        if gen.lora is not None:
+            state.metrics.adapter_tokens(gen.lora, usage.completion_tokens)
 
 
 async def _stream(
@@ -141,7 +151,10 @@ def _submit(state: ServerState, engine: EngineLike, gen: GenRequest, stream: Req
         for p, (ids, params) in enumerate(zip(gen.prompts, gen.params, strict=True)):
             eid = stream.engine_ids[p]
             disp.register(eid, stream, p * gen.n)
-            engine.add_request(eid, ids, params, n=gen.n, deadline=deadline)
+            if gen.lora is None:
+                engine.add_request(eid, ids, params, n=gen.n, deadline=deadline)
+            else:
+                engine.add_request(eid, ids, params, n=gen.n, deadline=deadline, lora=gen.lora)
             added.append(eid)
     except Exception as exc:
         for eid in stream.engine_ids:
@@ -156,6 +169,8 @@ def _submit_error(exc: Exception) -> Exception:
         return queue_full(str(exc))
     if isinstance(exc, EngineDeadError):
         return unavailable("dead", str(exc))
+    if isinstance(exc, AdapterError):  # unloaded between the check of `model` and now
+        return model_not_found(exc.name)
     if isinstance(exc, RequestError):  # the engine's own input checks
         return bad_request(f"'{exc.param}' {exc.message}", param=exc.param)
     return exc  # unexpected: the middleware logs it and answers 500

@@ -12,6 +12,7 @@ from rillet.http.embed import run_embeddings
 from rillet.http.engine_api import EngineLike
 from rillet.http.generate import run_generation
 from rillet.http.grammar_prep import prepare_grammars
+from rillet.http.lora.cards import adapter_cards
 from rillet.http.metrics.registry import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rillet.http.net.connection import read_body
 from rillet.http.openai.embeddings import parse_embeddings, wrong_task
@@ -124,16 +125,20 @@ def _model_card(state: ServerState, engine: EngineLike) -> dict[str, Any]:
 async def list_models(request: web.Request) -> web.Response:
     state = request.app[STATE]
     engine = state.ready_engine()
-    return json_response({"object": "list", "data": [_model_card(state, engine)]})
+    cards = [_model_card(state, engine), *adapter_cards(state, engine)]
+    return json_response({"object": "list", "data": cards})
 
 
 async def get_model(request: web.Request) -> web.Response:
     state = request.app[STATE]
     engine = state.ready_engine()
     name = request.match_info["model"]
-    if name != engine.model_name:
+    if name == engine.model_name:
+        return json_response(_model_card(state, engine))
+    card = next((c for c in adapter_cards(state, engine) if c["id"] == name), None)
+    if card is None:
         raise model_not_found(name)
-    return json_response(_model_card(state, engine))
+    return json_response(card)
 
 
 async def health(request: web.Request) -> web.Response:

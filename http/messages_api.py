@@ -46,7 +46,9 @@ async def create_message(request: web.Request) -> web.StreamResponse:
         body = await read_json(request)
         gen = await off_loop(request, parse_messages, body, engine.tokenizer, state.limits)
         await prepare_grammars(gen, engine, state.cfg.structured.compile_timeout_s)
-        return await run_generation(request, state, engine, gen, MessagesFront(gen, engine.model_name))
+        return await run_generation(
+            request, state, engine, gen, MessagesFront(gen, gen.lora or engine.model_name)
+        )
     finally:
         state.end()
 

@@ -74,7 +74,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             previous = stored.messages
         req = await off_loop(request, parse_responses, body, engine.tokenizer, state.limits, previous)
         await prepare_grammars(req.gen, engine, state.cfg.structured.compile_timeout_s)
-        front = ResponsesFront(req, engine.model_name, state.responses if req.store else None)
+        front = ResponsesFront(req, req.gen.lora or engine.model_name, state.responses if req.store else None)
         return await run_generation(request, state, engine, req.gen, front)
     finally:
         state.end()

@@ -1,5 +1,6 @@
 """Shared fixtures. `tiny_hf_model` saves small random transformers models to disk once per session;
-`st_folder` does the same for sentence-transformers folders (embeddings)."""
+`lora_setup` LoRA adapters peft made for one of them; `st_folder` does the same for
+sentence-transformers folders (embeddings)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from rillet.graphs.runner import GraphRunner
+from tiny_models.lora_adapters import ADAPTERS, NEW, PROMPTS, greedy, make_adapter
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a model folder's path is never looked up on a hub
 
@@ -162,6 +164,24 @@ def _compile_in_marked_tests(
     _compile_switch["on"] = request.node.get_closest_marker("compiled") is not None
     yield
     _compile_switch["on"] = before
+
+
+# ---- LoRA adapters --------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def lora_setup(tiny_hf_model: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """{"folder": base model, "paths": name -> adapter folder, "refs": name (None: base) -> tokens
+    per prompt of PROMPTS}, the references generated one prompt at a time (no padding)."""
+    folder, hf = tiny_hf_model("llama")
+    root = tmp_path_factory.mktemp("lora")
+    paths: dict[str, str] = {}
+    refs: dict[str | None, list[list[int]]] = {None: [greedy(hf, p, NEW) for p in PROMPTS]}
+    for i, (name, r, alpha, targets, rslora) in enumerate(ADAPTERS):
+        peft_model = make_adapter(
+            hf, root / name, r=r, alpha=alpha, targets=targets, seed=i + 1, use_rslora=rslora
+        )
+        paths[name] = str(root / name)
+        refs[name] = [greedy(peft_model, p, NEW) for p in PROMPTS]
+    return {"folder": str(folder), "paths": paths, "refs": refs, "hf": hf, "root": root}
 
 
 @pytest.fixture(scope="session")

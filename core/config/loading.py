@@ -22,6 +22,8 @@ def _type_name(tp: Any) -> str:
         return " or ".join(_type_name(a) for a in get_args(tp))
     if origin is tuple:
         return f"a list of {_type_name(get_args(tp)[0])}"
+    if origin is dict:
+        return f"a mapping of names to {_type_name(get_args(tp)[1])}"
     if tp is type(None):
         return "null"
     return getattr(tp, "__name__", str(tp))
@@ -49,6 +51,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, list | tuple):
             raise ConfigError(key, f"expected {_type_name(tp)}, got {value!r}")
         return tuple(_coerce(v, get_args(tp)[0], key) for v in value)
+    if origin is dict:  # {name: value}; each entry's errors name it (`lora.adapters.NAME`)
+        if not isinstance(value, dict):
+            raise ConfigError(key, f"expected {_type_name(tp)}, got {value!r}")
+        k_tp, v_tp = get_args(tp)
+        return {_coerce(k, k_tp, key): _coerce(v, v_tp, f"{key}.{k}") for k, v in value.items()}
     ok = {
         type(None): value is None,
         bool: isinstance(value, bool),

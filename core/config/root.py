@@ -11,6 +11,7 @@ from rillet.core.config.engine import (
     SchedulerConfig,
     StructuredConfig,
 )
+from rillet.core.config.lora import LoraConfig
 from rillet.core.config.model import CacheConfig, ModelConfig
 from rillet.core.config.responses import ResponsesConfig
 from rillet.core.config.serving import LoggingConfig, ParallelConfig, ServerConfig, StreamConfig
@@ -31,4 +32,5 @@ class RilletConfig:
     responses: ResponsesConfig = field(default_factory=ResponsesConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

@@ -10,7 +10,9 @@ Block 0 is the reserved dummy block (padding rows of a batch point at it) and is
 Prefix caching: a full block is identified by a chained key (parent hash, its tokens), so a key
 covers every token before it. On admission a sequence takes every leading full block whose key is
 in the table and prefills only the rest; the last token is always recomputed so there are logits to
-sample from. Blocks are registered once all their tokens have K/V in the cache.
+sample from. Blocks are registered once all their tokens have K/V in the cache. A LoRA request's
+chain starts from its adapter (`_root`): the same tokens under another adapter, or the base model,
+have other K/V, and a hit across them would be a silent wrong answer.
 """
 
 from __future__ import annotations
@@ -20,7 +22,13 @@ from dataclasses import dataclass
 
 from rillet.core.sequence import Seq
 
-BlockKey = tuple[int, tuple[int, ...]]  # (hash of the parent key or 0, the block's tokens)
+BlockKey = tuple[int, tuple[int, ...]]  # (hash of the parent key or the root, the block's tokens)
+
+
+def _root(seq: Seq) -> int:
+    """The parent of a sequence's first block: 0 for the base model, its adapter's own value for a
+    LoRA request (the uid of that load: a reloaded adapter shares nothing with the old one)."""
+    return 0 if seq.lora is None else hash(("lora", seq.lora.uid))
 
 
 @dataclass
@@ -79,7 +87,7 @@ class BlockManager:
         if not self.enable_prefix_caching or (seq.embed is not None and seq.embed.every_token):
             return hits, hashes  # mean / cls pooling reads every token's hidden state: no hits
         for i in range((seq.num_tokens - 1) // self.block_size):
-            key = self._key(seq, i, hashes[-1] if hashes else 0)
+            key = self._key(seq, i, hashes[-1] if hashes else _root(seq))
             block = self._block_of.get(key)
             if block is None:
                 break
@@ -149,7 +157,7 @@ class BlockManager:
             return
         hashes = self._seq_hashes.setdefault(seq.seq_id, [])
         for i in range(len(hashes), min(seq.num_computed, seq.num_tokens) // self.block_size):
-            key = self._key(seq, i, hashes[-1] if hashes else 0)
+            key = self._key(seq, i, hashes[-1] if hashes else _root(seq))
             block = seq.block_table[i]
             if key not in self._block_of and block not in self._key_of:
                 self._block_of[key] = block

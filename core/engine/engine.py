@@ -22,7 +22,16 @@ from rillet.core.embedding import EmbedParams
 from rillet.core.engine.core import EngineCore
 from rillet.core.engine.overlap import resolve_overlap
 from rillet.core.engine.publisher import Publisher
-from rillet.core.errors import EngineDeadError, ErrorKind, QueueFullError, RequestError
+from rillet.core.errors import (
+    AdapterError,
+    AdapterErrorKind,
+    EngineDeadError,
+    ErrorKind,
+    QueueFullError,
+    RequestError,
+)
+from rillet.core.lora.adapter import LoraAdapter
+from rillet.core.lora.registry import AdapterInfo
 from rillet.core.outputs import StepOutput
 from rillet.core.ring import RingClosed, SpscRing
 from rillet.core.runtime import Runtime, load_runtime
@@ -115,6 +124,7 @@ class Engine:
             rt.scheduler, rt.runner, rt.make_detokenizer, rt.max_model_len, self.overlap, rt.speculator
         )
         self.tasks = rt.tasks
+        self.lora = rt.lora  # LoRA adapters by name (None: the model serves none)
         self.embedding_size = rt.embedding_size  # components of a vector; None: no embeddings
         self._embed_every_token = rt.pooling is not None and rt.pooling.every_token
         self._embed_whole = rt.encoder
@@ -186,9 +196,12 @@ class Engine:
         params: SamplingParams,
         n: int = 1,
         deadline: float | None = None,
+        lora: str | None = None,
     ) -> None:
+        """`lora`: the name of a loaded LoRA adapter (AdapterError NOT_FOUND if there is none)."""
         if self._dead:
             raise EngineDeadError(self.error or "engine is not running")
+        adapter = self._adapter(lora) if lora is not None else None
         if "generate" not in self.tasks:
             raise RequestError("model", f"{self.model_name} is an embedding model (model.task: embed)")
         if not prompt_ids:
@@ -206,6 +219,8 @@ class Engine:
         if self.core.num_waiting + self._added - self._taken >= self.cfg.scheduler.max_waiting:
             raise QueueFullError(f"waiting queue is full ({self.cfg.scheduler.max_waiting})")
         seqs = self._make_seqs(request_id, prompt_ids, params, n, deadline)
+        for seq in seqs:
+            seq.lora = adapter
         self._added += 1
         self._inbox.append(seqs)
         self._wake.set()
@@ -239,6 +254,28 @@ class Engine:
         self._added += 1
         self._inbox.append([seq])
         self._wake.set()
+
+    # ---- LoRA adapters (any thread) -------------------------------------------------------------
+    def _adapter(self, name: str) -> LoraAdapter:
+        if self.lora is None:
+            raise AdapterError(AdapterErrorKind.NOT_FOUND, name, f"The model '{name}' does not exist")
+        return self.lora.get(name)
+
+    def lora_adapters(self) -> list[AdapterInfo]:
+        return [] if self.lora is None else self.lora.infos()
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Reads, checks and registers an adapter (lora.allow_runtime_updates); blocking file IO,
+        so an event loop calls it on a worker thread. Raises AdapterError."""
+        if self.lora is None:
+            raise AdapterError(AdapterErrorKind.DISABLED, name, "this server serves no LoRA adapters (lora)")
+        self.lora.load(name, path, reserved=self.model_name)
+
+    def unload_lora(self, name: str) -> None:
+        """New requests for `name` are refused from now on; running ones finish with it."""
+        if self.lora is None:
+            raise AdapterError(AdapterErrorKind.DISABLED, name, "this server serves no LoRA adapters (lora)")
+        self.lora.unload(name)
 
     def abort(self, request_id: str) -> None:
         self._inbox.append(request_id)

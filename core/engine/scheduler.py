@@ -18,6 +18,9 @@ Speculative decoding (core/spec/): a decoding sequence with a draft feeds 1 + le
 last token, then the draft, all verified by the step). A draft is cut to the token budget left
 after one token for each running sequence behind it, and dropped rather than preempting anyone
 for its blocks.
+LoRA (core/lora/slots.py): a sequence of an adapter is admitted only once its adapter has a slot
+in the stacked buffers (resident, free, or an idle one's to take); the slot is held while it runs.
+New placements travel with the batch (`lora_writes`) for the runner to copy before the step.
 No tensors and no CUDA here: the scheduler is plain Python and unit-tested on CPU.
 """
 
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 
 from rillet.core.config import SchedulerConfig
 from rillet.core.engine.block_manager import BlockManager
+from rillet.core.lora.slots import SlotTable, SlotWrite
 from rillet.core.sequence import FinishReason, Seq, SeqStatus
 
 
@@ -38,6 +42,7 @@ class ScheduledBatch:
     preempted: list[Seq] = field(default_factory=list)
     embed_tokens: int = 0  # of the tokens, those of embedding sequences
     embed_rows: int = 0  # of the sequences, embedding ones
+    lora_writes: list[SlotWrite] = field(default_factory=list)  # adapters to copy into slots first
 
     @property
     def num_tokens(self) -> int:
@@ -58,6 +63,8 @@ class Scheduler:
         # embeddings share it: core/engine/embed_share.py); None: no limit.
         self.embed_cap: int | None = None
         self.running_embeds = 0  # embedding sequences among `running`
+        self.lora_slots: SlotTable | None = None  # set when the model serves LoRA adapters
+        self._lora_writes: list[SlotWrite] = []  # placements not yet handed to a batch
 
     # ---- queue management --------------------------------------------------------------------
     def add(self, seq: Seq) -> None:
@@ -85,6 +92,12 @@ class Scheduler:
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         self.blocks.free(seq)
+        self._drop_slot(seq)
+
+    def _drop_slot(self, seq: Seq) -> None:
+        if seq.lora_slot and self.lora_slots is not None:
+            self.lora_slots.release(seq.lora_slot)
+        seq.lora_slot = 0
 
     # ---- the step ----------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
@@ -96,6 +109,8 @@ class Scheduler:
             budget = self._admit_waiting(self.waiting, batch, budget, None)
             if self.waiting_embed:
                 self._admit_waiting(self.waiting_embed, batch, budget, room)
+        if self._lora_writes and batch.seqs:  # kept for the next launched step otherwise
+            batch.lora_writes, self._lora_writes = self._lora_writes, []
         return batch
 
     @property
@@ -163,13 +178,19 @@ class Scheduler:
             if seq.num_pending:
                 break  # preempted with a token in flight: recompute once the host has it
             embed = seq.embed
+            slot = self._take_slot(seq)
+            if slot is None:
+                break  # every LoRA slot is held by other adapters' running sequences
             limit = budget if room is None else min(budget, room)
             if embed is not None and embed.whole:  # an encoder's: the whole prompt at once, no KV blocks
                 n = seq.prompt_len if seq.prompt_len <= limit else 0
             else:
                 n = self.blocks.admit(seq, limit) if limit > 0 else 0
             if n == 0:
+                if slot and self.lora_slots is not None:
+                    self.lora_slots.release(slot)  # stays resident (its write is still queued)
                 break
+            seq.lora_slot = slot
             queue.popleft()
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
@@ -184,11 +205,18 @@ class Scheduler:
                     room -= n
         return budget
 
+    def _take_slot(self, seq: Seq) -> int | None:
+        """The LoRA slot the sequence runs with (0: the base model), or None: none free now."""
+        if seq.lora is None or self.lora_slots is None:
+            return 0
+        return self.lora_slots.acquire(seq.lora, self._lora_writes)
+
     def _preempt(self, seq: Seq) -> None:
         self.running.remove(seq)
         self.running_embeds -= seq.embed is not None
         seq.draft_ids = []
         self.blocks.free(seq)
+        self._drop_slot(seq)
         seq.status = SeqStatus.WAITING
         seq.num_preemptions += 1
         self._queue(seq).appendleft(seq)

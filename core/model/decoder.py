@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.nn.functional as F
 from rillet.core.attention.base import AttentionBackend, StepMetadata
+from rillet.core.lora.stack import LayerLora, LoraStack
 from rillet.core.model.arch import ModelArch
 from rillet.core.model.mlp import activation, gated_mlp
 from rillet.core.model.moe import MoE
@@ -86,11 +87,15 @@ class DecoderLayer(nn.Module):
         rope: Rope,  # this layer's kind of RoPE
         kv_cache: KVCache,
         meta: StepMetadata,
+        mix: torch.Tensor | None = None,  # [T, L*R] LoRA slot scales of each token (None: base only)
+        lora: LayerLora | None = None,  # this layer's LoRA buffers (with mix)
     ) -> torch.Tensor:  # [T, H]
         t, d, nq, nkv = x.shape[0], self.head_dim, self.n_q, self.n_kv
         cos, sin = rope
         h = _norm(x, self.attn_norm, self.eps)
         qkv = lin(h, self.qkv_weight, self.qkv_bias).to(x.dtype)  # [T, (Hq + 2 Hkv) * D]
+        if lora is not None and lora.qkv is not None and mix is not None:
+            qkv = qkv + lora.qkv.delta(h, mix).to(x.dtype)
         if self.q_norm is None or self.k_norm is None:
             # q and k share positions: rotate them as one [T, Hq + Hkv, D] view
             qk = apply_rope(qkv[:, : (nq + nkv) * d].view(t, nq + nkv, d), cos, sin)
@@ -104,14 +109,17 @@ class DecoderLayer(nn.Module):
         o = self.backend.forward(
             q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, window=self.window, softcap=self.softcap
         )
-        a = self._reduce(lin(o.reshape(t, nq * d), self.o_weight), x.dtype)  # [T, H]
+        a = lin(o.reshape(t, nq * d), self.o_weight)  # [T, H]
+        if lora is not None and lora.o is not None and mix is not None:
+            a = a.to(x.dtype) + lora.o.delta(o.reshape(t, nq * d), mix).to(x.dtype)
+        a = self._reduce(a, x.dtype)
         x = x + (a if self.attn_out_norm is None else _norm(a, self.attn_out_norm, self.eps))
         h = _norm(x, self.mlp_norm, self.eps)
         if self.moe is not None:
             m = self.moe(h)
         else:
             assert self.gate_up_weight is not None and self.down_weight is not None
-            m = gated_mlp(h, self.gate_up_weight, self.down_weight, self.act, x.dtype)
+            m = gated_mlp(h, self.gate_up_weight, self.down_weight, self.act, x.dtype, lora, mix)
         m = self._reduce(m, x.dtype)
         return x + (m if self.mlp_out_norm is None else _norm(m, self.mlp_out_norm, self.eps))
 
@@ -175,6 +183,10 @@ class DecoderModel(nn.Module):
         self.norm = _param((h,), dtype)
         self.lm_head = None if arch.tie_word_embeddings else _param((vocab, h), dtype)
         self.quant_head: Int8Weight | None = None  # the LM head as int8, set by quantize_int4()
+        # LoRA adapters' stacked buffers (attach_lora). Never read by forward, which takes them as
+        # an argument: Inductor's weight freezing folds whatever a module holds into constants,
+        # and a compiled step would then never see an adapter loaded into a slot.
+        self.lora: LoraStack | None = None
         # cos/sin are computed in fp32 and stored in the model dtype, as HF casts them to the input's
         positions = max_position or arch.max_position
         self.rope = RotaryEmbedding(
@@ -197,15 +209,26 @@ class DecoderModel(nn.Module):
         positions: torch.Tensor,  # [T] int64
         kv_caches: list[KVCache],  # one per layer
         meta: StepMetadata,
+        lora_slots: torch.Tensor | None = None,  # [T] int64 LoRA slot of each token (0: base model)
+        lora: LoraStack | None = None,  # the buffers lora_slots index (the model's own: self.lora)
     ) -> torch.Tensor:  # [T, H], after the final norm
         x = F.embedding(input_ids, self.embed_tokens)
         if self.embed_scale is not None:
             x = x * self.embed_scale
         rope = self.rope.cos_sin(positions)
         local = rope if self.rope_local is None else self.rope_local.cos_sin(positions)
-        for layer, kv in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, local if layer.local_rope else rope, kv, meta)
+        # one mix per step, shared by every layer's LoRA projections
+        mix = None if lora is None or lora_slots is None else lora.mix(lora_slots)
+        for i, (layer, kv) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            layer_lora = lora.layers[i] if lora is not None and mix is not None else None
+            x = layer(x, local if layer.local_rope else rope, kv, meta, mix, layer_lora)
         return F.rms_norm(x, self.norm.shape, self.norm, self.arch.rms_norm_eps)
+
+    def attach_lora(self, stack: LoraStack) -> None:
+        """Serve LoRA adapters from `stack` (core/lora/stack.py): callers pass it to forward."""
+        if len(stack.layers) != len(self.layers):
+            raise ValueError(f"LoRA buffers for {len(stack.layers)} layers, the model has {len(self.layers)}")
+        self.lora = stack
 
     @property
     def int4_weights(self) -> bool:

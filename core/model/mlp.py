@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from rillet.core.lora.stack import LayerLora
 from rillet.core.quant.int4 import Int4Weight, lin
 
 ACTIVATIONS = ("silu", "gelu_tanh")
@@ -30,6 +31,15 @@ def gated_mlp(
     down: torch.Tensor | Int4Weight,  # [H, I]
     act: Callable[[torch.Tensor], torch.Tensor],
     dtype: torch.dtype,  # the residual stream's: int4 projections return bf16
+    lora: LayerLora | None = None,  # LoRA deltas beside gate_up and down (core/lora/stack.py)
+    mix: torch.Tensor | None = None,  # [T, L*R] with lora
 ) -> torch.Tensor:  # [T, H]
-    gate, up = lin(h, gate_up).chunk(2, dim=-1)  # [T, I] each
-    return lin(act(gate.to(dtype)) * up, down)
+    gu = lin(h, gate_up)  # [T, 2I]
+    if lora is not None and lora.gate_up is not None and mix is not None:
+        gu = gu.to(dtype) + lora.gate_up.delta(h, mix).to(dtype)
+    gate, up = gu.chunk(2, dim=-1)  # [T, I] each
+    mid = act(gate.to(dtype)) * up
+    out = lin(mid, down)
+    if lora is not None and lora.down is not None and mix is not None:
+        out = out.to(dtype) + lora.down.delta(mid, mix).to(dtype)
+    return out

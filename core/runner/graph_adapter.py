@@ -26,6 +26,8 @@ class DecoderGraphAdapter:
         self.block_size = block_size
         self.graph_safe = bool(getattr(model.backend, "graph_safe_decode", False))
         self.meta: AttentionMetadata | None = None
+        # LoRA buffers, reached from here (not from the module) so that freezing leaves them inputs
+        self.lora = model.lora
 
     def prepare_decode(self, b: DecodeBatch) -> None:
         if self.graph_safe:
@@ -50,7 +52,7 @@ class DecoderGraphAdapter:
         else:
             assert self.meta is not None
             meta = self.meta
-        return self.model(b.input_ids, b.positions, self.kv_caches, meta)
+        return self.model(b.input_ids, b.positions, self.kv_caches, meta, b.lora_slots, self.lora)
 
     def weights_key(self) -> str:
         return weights_fingerprint(itertools.chain(self.model.parameters(), self.model.buffers()))

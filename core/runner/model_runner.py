@@ -75,6 +75,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch) -> InflightStep:
+        if batch.lora_writes:
+            self._write_adapters(batch)
         inp = self.inputs.build(batch)
         self.inputs.resolve_future(inp)
         rows, seqs = inp.sample_seqs, inp.sample_seqs
@@ -123,12 +125,24 @@ class ModelRunner:
                     m.block_tables,
                     m.query_start,
                     m.seq_lens_cpu,
+                    inp.lora_slots,
                 )
             )  # [B, H], one row per sequence in batch order (T = B)
         else:
             self.model.backend.begin_step(m)
-            hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, m)  # [T, H]
+            hidden = self.model(
+                inp.input_ids, inp.positions, self.kv_caches, m, inp.lora_slots, self.model.lora
+            )  # [T, H]
         return hidden
+
+    def _write_adapters(self, batch: ScheduledBatch) -> None:
+        """LoRA adapters placed in slots by the scheduler, copied in before the step reads them
+        (the slots were idle: no step in flight reads their old contents, on CUDA by stream order)."""
+        stack = self.model.lora
+        if stack is None:
+            raise RuntimeError("a LoRA adapter was scheduled on a model without LoRA buffers")
+        for slot, adapter in batch.lora_writes:
+            stack.write(slot, adapter)
 
     def _verify_hidden(self, inp: StepInputs) -> torch.Tensor | None:
         """A verify-only step in the padded [rows, Q] layout (core/spec/verify_layout.py): through

@@ -25,6 +25,9 @@ its k draft tokens, and samples at each of those 1 + k tokens: its sample rows a
 `sample_seqs` names the sequence once per row and `sample_offsets` gives each row's position in
 the run (0..k; None when the step verifies nothing). A verify row is laid out as a prefill chunk
 (its queries attend causally to each other over the paged cache).
+
+LoRA: each sequence's slot in the adapters' stacked buffers (core/lora/stack.py; 0 = the base
+model) travels per token as `lora_slots`, only when some row of the step has an adapter.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class StepInputs:
     pool: list[PoolRows] = field(default_factory=list)  # embedding chunks: pooled, never sampled
     sample_offsets: list[int] | None = None  # [S] position of each sample row in its verify run
     verify_only: bool = False  # verify rows and decodes only: every token samples (graph verify step)
+    lora_slots: torch.Tensor | None = None  # [T] int64 LoRA slot per token; None: every row is base
 
 
 @dataclass(slots=True)
@@ -138,6 +142,7 @@ class InputBuilder:
         h.ids.append(seq.token_at(start))
         h.ids += seq.draft_ids
         h.rows.append(row)
+        h.slots.append(seq.lora_slot)
         h.starts.append(start)
         h.qstart.append(h.qstart[-1] + n)
         h.lens.append(start + n)
@@ -158,6 +163,7 @@ class InputBuilder:
             h.fut_row.append(row)
             h.ids.append(0)
         h.rows.append(row)
+        h.slots.append(seq.lora_slot)
         h.starts.append(start)
         h.qstart.append(h.qstart[-1] + n)
         h.lens.append(end)
@@ -172,6 +178,7 @@ class InputBuilder:
         """The common case, once per decoding sequence per step: kept to a few list operations."""
         row_of, mirror, sent = self._row_of, self._mirror, self._sent
         ids, rows, starts, lens, fut_at, fut_row = h.ids, h.rows, h.starts, h.lens, h.fut_at, h.fut_row
+        slots = h.slots
         first_row, first_tok = len(rows), len(ids)
         for seq in decodes:
             row = row_of.get(seq.seq_id, -1)
@@ -189,6 +196,7 @@ class InputBuilder:
                 fut_row.append(row)
                 ids.append(0)
             rows.append(row)
+            slots.append(seq.lora_slot)
             starts.append(start)
             lens.append(start + 1)
         q0 = h.qstart[-1]
@@ -258,15 +266,28 @@ class InputBuilder:
         stride, bs = self.tables.shape[1], self.block_size
         flat_at = [r * stride + c for r, c, _ in h.writes]
         blocks = [b for _, _, b in h.writes]
-        host = h.ids + h.rows + h.starts + h.qstart + h.sample_at + h.sample_row + h.fut_at + h.fut_row
+        slots = h.slots if any(h.slots) else []  # all base: nothing to send
+        host = (
+            h.ids + h.rows + h.starts + h.qstart + h.sample_at + h.sample_row + h.fut_at + h.fut_row + slots
+        )
         # array -> tensor without a copy: ~4x cheaper than torch.tensor(list) (measured, 1.5k ints)
         data = torch.frombuffer(array.array("q", host + flat_at + blocks), dtype=torch.int64)
         if self.device.type == "cuda":
             data = data.pin_memory()
-        sizes = [n_tok, n_seq, n_seq, n_seq + 1, n_smp, n_smp, n_fut, n_fut, n_wr, n_wr]
-        (ids, rows, starts, qstart, sample_at, sample_row, fut_at, fut_row, flat_at_d, blocks_d) = (
-            torch.split(data.to(self.device, non_blocking=True), sizes)
-        )
+        sizes = [n_tok, n_seq, n_seq, n_seq + 1, n_smp, n_smp, n_fut, n_fut, len(slots), n_wr, n_wr]
+        (
+            ids,
+            rows,
+            starts,
+            qstart,
+            sample_at,
+            sample_row,
+            fut_at,
+            fut_row,
+            seq_slots,
+            flat_at_d,
+            blocks_d,
+        ) = torch.split(data.to(self.device, non_blocking=True), sizes)
         if n_wr:
             self.tables.view(-1).index_copy_(0, flat_at_d, blocks_d.to(torch.int32))
             self.entries_written += n_wr
@@ -277,6 +298,8 @@ class InputBuilder:
             tok_rows = torch.repeat_interleave(rows, qlens, output_size=n_tok)  # [T]
             shift = torch.repeat_interleave(starts - qstart[:-1], qlens, output_size=n_tok)
             positions = torch.arange(n_tok, device=self.device) + shift  # [T]
+            if slots:
+                seq_slots = torch.repeat_interleave(seq_slots, qlens, output_size=n_tok)  # [T]
         block = self.tables.view(-1).index_select(0, tok_rows * stride + positions // bs)  # [T]
         width = -(-max(h.lens) // bs)
         meta = AttentionMetadata(
@@ -292,6 +315,8 @@ class InputBuilder:
         inputs = StepInputs(ids, positions, meta, sample_at, h.sample_seqs, sample_row, pool=h.pool)
         if n_fut:
             inputs.future_at, inputs.future_rows = fut_at, fut_row
+        if slots:
+            inputs.lora_slots = seq_slots
         return inputs
 
 
@@ -303,6 +328,7 @@ class _HostLists:
     fut_at: list[int] = field(default_factory=list)  # token indices fed from the future buffer
     fut_row: list[int] = field(default_factory=list)  # ... from these rows
     rows: list[int] = field(default_factory=list)  # [B] persistent row per sequence
+    slots: list[int] = field(default_factory=list)  # [B] LoRA slot per sequence (0: base model)
     starts: list[int] = field(default_factory=list)  # [B] first position fed
     qstart: list[int] = field(default_factory=lambda: [0])  # [B + 1] cumulative new tokens
     lens: list[int] = field(default_factory=list)  # [B] context length after the step

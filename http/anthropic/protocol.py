@@ -11,6 +11,7 @@ server tools, image and document blocks, a final assistant message (prefill).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from rillet.core.structured.spec import GrammarSpec
@@ -26,7 +27,7 @@ _REFUSED = ("container", "mcp_servers")
 
 
 def parse_messages(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
-    check_model(body, limits)
+    lora = check_model(body, limits)
     for name in _REFUSED:
         if body.get(name) not in (None, [], {}):
             raise unsupported(name, "is not supported by this server")
@@ -48,7 +49,8 @@ def parse_messages(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
     metadata = body.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise bad_request(f"metadata: must be an object, got {type_name(metadata)}", param="metadata")
-    return chat_request(sampling, messages, tools, grammar, tokenizer, limits)
+    gen = chat_request(sampling, messages, tools, grammar, tokenizer, limits)
+    return dataclasses.replace(gen, lora=lora)  # `sampling` holds no `model`
 
 
 def count_tokens(body: Body, tokenizer: Any, limits: Limits) -> int:

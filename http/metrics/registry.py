@@ -54,6 +54,16 @@ class Metrics:
             "rillet_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r
         )
         self.prompt_tokens = Counter("rillet_prompt_tokens", "Prompt tokens of accepted requests", registry=r)
+        # LoRA: per adapter (labels are adapter names: bounded by what an operator loads)
+        self.lora_requests = Counter(
+            "rillet_lora_requests", "Accepted generation requests by LoRA adapter", ["adapter"], registry=r
+        )
+        self.lora_tokens = Counter(
+            "rillet_lora_tokens",
+            "Tokens by LoRA adapter and kind (prompt, generation)",
+            ["adapter", "kind"],
+            registry=r,
+        )
         self.ttft = LoopHistogram(
             "rillet_time_to_first_token_seconds", "Arrival to first token", _TTFT_BUCKETS
         )
@@ -66,6 +76,14 @@ class Metrics:
         for h in (self.ttft, self.itl, self.e2e):
             r.register(h)
         r.register(_Snapshot(snapshot))
+
+    def count_adapter(self, adapter: str, prompt_tokens: int) -> None:
+        """An accepted request for a LoRA adapter (its generated tokens: `adapter_tokens`)."""
+        self.lora_requests.labels(adapter).inc()
+        self.lora_tokens.labels(adapter, "prompt").inc(prompt_tokens)
+
+    def adapter_tokens(self, adapter: str, generated: int) -> None:
+        self.lora_tokens.labels(adapter, "generation").inc(generated)
 
     def token_times(self, stream: TokenClock, now: float, num_tokens: int, step: int) -> None:
         """Called by the dispatcher once per delta with tokens; `now` is shared by the whole routing

@@ -8,6 +8,7 @@ the parameter, so a client never silently gets behaviour it did not ask for.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -50,6 +51,9 @@ class Limits:
     # use the same) and the cap on parallel calls (structured.max_tool_calls)
     json_options: dict[str, str | bool] = dataclasses.field(default_factory=lambda: dict(FLEXIBLE))
     max_tool_calls: int = 8
+    # the LoRA adapters a request may name as `model` (the engine's live registry: adapters load
+    # and unload while serving)
+    adapters: Container[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class GenRequest:
     tools: ToolSetup | None = None  # chat with tools offered: answers are read for tool calls
     # tool_choice auto: the grammar `required` would use, compiled only to check the tools' schemas
     tool_check: GrammarSpec | None = None
+    lora: str | None = None  # the LoRA adapter `model` named (None: the base model)
 
     @property
     def num_choices(self) -> int:
@@ -189,8 +194,9 @@ def _check_common(body: Body, limits: Limits) -> None:
     opt_str(body, "user")
 
 
-def check_model(body: Body, limits: Limits) -> None:
-    """`model` is given, a string, and the served model's name (else a 400 or 404)."""
+def check_model(body: Body, limits: Limits) -> str | None:
+    """`model` is given, a string, and the served model's name or a loaded LoRA adapter's (else a
+    400 or 404). Returns the adapter's name (None: the base model)."""
     model = body.get("model")
     if model is None:
         raise bad_request(
@@ -200,8 +206,11 @@ def check_model(body: Body, limits: Limits) -> None:
         raise bad_request(
             f"'model' must be a string, got {type_name(model)}", param="model", code="invalid_type"
         )
-    if model != limits.model_name:
+    if model == limits.model_name:
+        return None
+    if model not in limits.adapters:
         raise model_not_found(model)
+    return model
 
 
 def _chat_logprobs(body: Body) -> int | None:
@@ -250,7 +259,11 @@ def _build(
         )
         for p in prompts
     ]
-    return GenRequest(kind, prompts, params, n, stream, bool(include_usage), logprobs, echo_texts, grammar)
+    model = body.get("model")
+    lora = model if isinstance(model, str) and model != limits.model_name else None  # checked before
+    return GenRequest(
+        kind, prompts, params, n, stream, bool(include_usage), logprobs, echo_texts, grammar, lora=lora
+    )
 
 
 def _completion_prompts(

@@ -14,6 +14,7 @@ Accepted and ignored (the engine has nothing they could change): `reasoning`, `i
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +57,7 @@ def parse_responses(
     body: Body, tokenizer: Any, limits: Limits, previous: list[dict[str, Any]] | None = None
 ) -> ResponsesRequest:
     """`previous`: the stored conversation of `previous_response_id` (looked up by the caller)."""
-    check_model(body, limits)
+    lora = check_model(body, limits)
     _refuse(body)
     instructions = opt_str(body, "instructions")
     messages = [*(previous or []), *input_messages(body.get("input"))]
@@ -69,6 +70,7 @@ def parse_responses(
     gen = chat_request(
         sampling, prompt, tools, grammar, tokenizer, limits, "max_output_tokens", prompt_field="input"
     )
+    gen = dataclasses.replace(gen, lora=lora)  # `sampling` holds no `model`
     store = opt_bool(body, "store") is not False
     return ResponsesRequest(gen, messages, store, _echo(body, instructions))
 

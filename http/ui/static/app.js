@@ -27,9 +27,15 @@ function setStatus(state, text) {
 async function loadModels() {
   try {
     const body = await (await api("v1/models")).json();
-    const ids = body.data.map((m) => m.id);
-    chat.setModels(ids);
-    setStatus("ok", `ready · ${ids.join(", ")}`);
+    // the base model first, then its LoRA adapters (cards with a `parent`), labelled as such
+    const base = body.data.filter((m) => !m.parent);
+    const adapters = body.data.filter((m) => m.parent);
+    chat.setModels([
+      ...base.map((m) => ({ id: m.id, label: m.id })),
+      ...adapters.map((m) => ({ id: m.id, label: `${m.id} (LoRA on ${m.parent})` })),
+    ]);
+    const extra = adapters.length ? ` + ${adapters.length} LoRA adapter${adapters.length > 1 ? "s" : ""}` : "";
+    setStatus("ok", `ready · ${base.map((m) => m.id).join(", ")}${extra}`);
   } catch (err) {
     if (err.status === 401) {
       setStatus("error", "API key needed");

@@ -25,11 +25,11 @@ export class Chat {
     $("new-chat").addEventListener("click", () => this.reset());
   }
 
-  setModels(ids) {
+  setModels(models) {
     const select = $("model");
     const keep = select.value;
-    select.replaceChildren(...ids.map((id) => new Option(id, id)));
-    if (ids.includes(keep)) select.value = keep;
+    select.replaceChildren(...models.map((m) => new Option(m.label, m.id)));
+    if (models.some((m) => m.id === keep)) select.value = keep;
   }
 
   reset() {

@@ -1,1 +1,2 @@
-"""Tiny models written to disk in other formats than transformers' own (a GGUF as llama.cpp writes one)."""
+"""Tiny models written to disk in other formats than transformers' own (a GGUF as llama.cpp writes one),
+and LoRA adapters peft makes for them (lora_adapters.py)."""
