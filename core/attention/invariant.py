@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from rillet.core.attention.base import AttentionBackend, AttentionMetadata, DecodeMetadata, VerifyMetadata
 from rillet.core.attention.invariant_ops import decode_attention, gather_kv, prefill_attention
-from rillet.core.attention.kv_cache import Scales
+from rillet.core.attention.kv_cache import Scales, rotate, rotated
 from rillet.core.attention.paged_decode import write_decode_kv
 from rillet.core.attention.torch_backend import write_kv
 from rillet.core.determinism.rows import RowPadding
@@ -45,6 +45,25 @@ class InvariantAttentionBackend(AttentionBackend):
         window: int | None = None,
         softcap: float | None = None,
         scales: Scales | None = None,
+    ) -> torch.Tensor:  # [T, Hq, D]
+        if not rotated(scales):
+            return self._forward(q, k, v, k_cache, v_cache, meta, scale, window, softcap, scales)
+        # an int8 pool holds K/V rotated: attend in its space (kv_cache.py); elementwise per row
+        o = self._forward(rotate(q), k, v, k_cache, v_cache, meta, scale, window, softcap, scales)
+        return rotate(o)
+
+    def _forward(
+        self,
+        q: torch.Tensor,  # [T, Hq, D], in the cache's space
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata | DecodeMetadata | VerifyMetadata,
+        scale: float,
+        window: int | None,
+        softcap: float | None,
+        scales: Scales | None,
     ) -> torch.Tensor:  # [T, Hq, D]
         if isinstance(meta, VerifyMetadata):  # never planned: not graph-safe, verify runs as chunks
             raise TypeError("the invariant backend runs speculative verify rows as prefill chunks")

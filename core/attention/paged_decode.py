@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 from rillet.core.attention.base import DecodeMetadata
-from rillet.core.attention.kv_cache import Scales, gather, gather_blocks, write_rows
+from rillet.core.attention.kv_cache import Scales, gather, gather_blocks, rotate, rotated, write_rows
 
 
 def write_decode_kv(
@@ -52,9 +52,11 @@ def paged_decode_attention(
     """Writes this step's K/V, then each row attends over its first seq_lens[b] cached tokens
     (its last `window` of them for a sliding layer)."""
     write_decode_kv(k, v, k_cache, v_cache, meta.slot_mapping, scales)
-    if torch.compiler.is_compiling():
-        return _attend_fused(q, k_cache, v_cache, meta, scale, window, softcap, scales)
-    return _attend_matmul(q, k_cache, v_cache, meta, scale, window, softcap, scales)
+    if rotated(scales):  # an int8 pool holds K/V rotated: attend in its space (kv_cache.py)
+        q = rotate(q)
+    attend = _attend_fused if torch.compiler.is_compiling() else _attend_matmul
+    o = attend(q, k_cache, v_cache, meta, scale, window, softcap, scales)
+    return rotate(o) if rotated(scales) else o
 
 
 def _valid(pos: torch.Tensor, seq_lens: torch.Tensor, window: int | None) -> torch.Tensor:

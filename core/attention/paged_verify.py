@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 from rillet.core.attention.base import VerifyMetadata
-from rillet.core.attention.kv_cache import Scales, gather, gather_blocks
+from rillet.core.attention.kv_cache import Scales, gather, gather_blocks, rotate, rotated
 from rillet.core.attention.paged_decode import write_decode_kv
 
 
@@ -33,9 +33,11 @@ def paged_verify_attention(
     scales: Scales | None = None,
 ) -> torch.Tensor:  # [B * Q, Hq, D]
     write_decode_kv(k, v, k_cache, v_cache, meta.slot_mapping.reshape(-1), scales)
-    if torch.compiler.is_compiling():
-        return _attend_fused(q, k_cache, v_cache, meta, scale, window, softcap, scales)
-    return _attend_matmul(q, k_cache, v_cache, meta, scale, window, softcap, scales)
+    if rotated(scales):  # an int8 pool holds K/V rotated: attend in its space (kv_cache.py)
+        q = rotate(q)
+    attend = _attend_fused if torch.compiler.is_compiling() else _attend_matmul
+    o = attend(q, k_cache, v_cache, meta, scale, window, softcap, scales)
+    return rotate(o) if rotated(scales) else o
 
 
 def _visible(meta: VerifyMetadata, w: int, bs: int, device: torch.device, window: int | None) -> torch.Tensor:

@@ -23,7 +23,7 @@ from rillet.core.attention.base import (
     StepMetadata,
     VerifyMetadata,
 )
-from rillet.core.attention.kv_cache import Scales, gather, stored, write_rows
+from rillet.core.attention.kv_cache import Scales, gather, rotate, rotated, stored, write_rows
 from rillet.core.attention.paged_decode import paged_decode_attention
 from rillet.core.attention.paged_verify import paged_verify_attention
 
@@ -93,6 +93,20 @@ class TorchAttentionBackend(AttentionBackend):
             )
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping, scales)
         opts = _Opts(scale, window, softcap, scales)
+        if rotated(scales):  # an int8 pool holds K/V rotated: attend in its space (kv_cache.py)
+            return rotate(self._flat(rotate(q), k, v, k_cache, v_cache, meta, opts))
+        return self._flat(q, k, v, k_cache, v_cache, meta, opts)
+
+    def _flat(
+        self,
+        q: torch.Tensor,  # [T, Hq, D], in the cache's space
+        k: torch.Tensor,  # [T, Hkv, D], as given (already written)
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        opts: _Opts,
+    ) -> torch.Tensor:  # [T, Hq, D]
         qlens, slens = meta.query_lens_cpu, meta.seq_lens_cpu
         n_pre = meta.num_prefills
         used = sum(qlens)

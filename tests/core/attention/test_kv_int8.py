@@ -14,12 +14,26 @@ import torch
 from rillet.core.attention import paged_decode, paged_verify
 from rillet.core.attention.base import AttentionMetadata, DecodeMetadata, VerifyMetadata
 from rillet.core.attention.invariant import InvariantAttentionBackend
-from rillet.core.attention.kv_cache import QMAX, Scales, decode, encode, stored, write_rows
+from rillet.core.attention.kv_cache import MIN_SCALE, QMAX, Scales, decode, encode, rotate, stored, write_rows
 from rillet.core.attention.torch_backend import TorchAttentionBackend
 from rillet.core.determinism.rows import RowPadding
 from test_attention_torch import BS, HKV, HQ, NUM_BLOCKS, SCALE, D
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
+
+
+def test_rotation_is_orthonormal_and_its_own_inverse() -> None:
+    gen = torch.Generator().manual_seed(0)
+    for d in (64, 8, 96):  # 96: blocks of 32 (the largest power of two dividing it)
+        x = torch.randn(5, 3, d, generator=gen, dtype=torch.float64)
+        r = rotate(x)
+        torch.testing.assert_close(rotate(r), x)
+        torch.testing.assert_close(r.norm(dim=-1), x.norm(dim=-1))
+        h = rotate(torch.eye(d, dtype=torch.float64))
+        torch.testing.assert_close(h @ h.T, torch.eye(d, dtype=torch.float64))
+    e0 = torch.zeros(8)
+    e0[0] = 1.0
+    torch.testing.assert_close(rotate(e0), torch.full((8,), 8**-0.5))  # one channel spread over all
 
 
 def test_codes_are_symmetric_per_token_and_head_and_round_to_nearest() -> None:
@@ -33,10 +47,12 @@ def test_codes_are_symmetric_per_token_and_head_and_round_to_nearest() -> None:
     assert int(codes.abs().max()) <= QMAX
     nonzero = x.abs().amax(-1) > 0
     assert (codes.abs().amax(-1)[nonzero] == QMAX).all()  # the largest value of a head maps to 127
+    r = rotate(x)  # the codes hold the rotated values
+    torch.testing.assert_close(scale, (r.abs().amax(-1) / QMAX).clamp(min=MIN_SCALE), atol=0, rtol=0)
     back = decode(codes, scale, torch.float32)
-    assert ((back - x).abs() <= scale[..., None] / 2 * (1 + 1e-5)).all()  # round to nearest
+    assert ((back - r).abs() <= scale[..., None] / 2 * (1 + 1e-5) + 1e-6).all()  # round to nearest
     assert not back[3, 1].any()
-    assert torch.equal(scale[5, 1], x[5, 1].abs().max() / QMAX)
+    assert scale[5, 1] < scale[5, 0] / 100
     assert stored(x, torch.float32) is x  # a float32 pool keeps float32 values as they are
     torch.testing.assert_close(stored(x, torch.int8), back, atol=0, rtol=0)
 
@@ -107,7 +123,9 @@ def test_mixed_step_over_int8_equals_float_over_dequantized(backend: str) -> Non
     )
     be = TorchAttentionBackend() if backend == "torch" else InvariantAttentionBackend(RowPadding(False))
     got = be.forward(q, k, v, pools.k8, pools.v8, meta, SCALE, scales=pools.scales)
-    want = be.forward(q, stored(k, torch.int8), stored(v, torch.int8), pools.kf, pools.vf, meta, SCALE)
+    # the int8 pool's space is rotated: the same attention there, the query rotated in, out back
+    kr, vr = stored(k, torch.int8), stored(v, torch.int8)
+    want = rotate(be.forward(rotate(q), kr, vr, pools.kf, pools.vf, meta, SCALE))
     torch.testing.assert_close(got, want, **TOL)
     pools.assert_same_contents()  # the step's K/V landed as codes + scales at the same slots
 
@@ -126,14 +144,20 @@ def test_graph_safe_decode_over_int8(form: str, window: int | None, softcap: flo
     )
     q, k, v = (torch.randn(5, h, D, generator=gen) for h in (HQ, HKV, HKV))
     opts = {"window": window, "softcap": softcap}
-    paged_decode.write_decode_kv(k, v, pools.k8, pools.v8, meta.slot_mapping, pools.scales)
-    paged_decode.write_decode_kv(
-        stored(k, torch.int8), stored(v, torch.int8), pools.kf, pools.vf, meta.slot_mapping
-    )
+    kr, vr = stored(k, torch.int8), stored(v, torch.int8)
+    if form == "matmul":  # the op as eager runs it: writes, rotates the query in and the output back
+        got = paged_decode.paged_decode_attention(
+            q, k, v, pools.k8, pools.v8, meta, SCALE, scales=pools.scales, **opts
+        )
+        want = rotate(
+            paged_decode.paged_decode_attention(rotate(q), kr, vr, pools.kf, pools.vf, meta, SCALE, **opts)
+        )
+    else:  # the reductions torch.compile traces, over the caches written as the op writes them
+        paged_decode.write_decode_kv(k, v, pools.k8, pools.v8, meta.slot_mapping, pools.scales)
+        paged_decode.write_decode_kv(kr, vr, pools.kf, pools.vf, meta.slot_mapping)
+        got = paged_decode._attend_fused(q, pools.k8, pools.v8, meta, SCALE, scales=pools.scales, **opts)
+        want = paged_decode._attend_fused(q, pools.kf, pools.vf, meta, SCALE, **opts)
     pools.assert_same_contents()
-    attend = paged_decode._attend_fused if form == "fused" else paged_decode._attend_matmul
-    got = attend(q, pools.k8, pools.v8, meta, SCALE, scales=pools.scales, **opts)
-    want = attend(q, pools.kf, pools.vf, meta, SCALE, **opts)
     torch.testing.assert_close(got, want, **TOL)
     assert torch.isfinite(got).all()
 
@@ -156,9 +180,8 @@ def test_verify_over_int8(form: str) -> None:
     )
     q, k, v = (torch.randn(len(rows) * nq, h, D, generator=gen) for h in (HQ, HKV, HKV))
     got = paged_verify.paged_verify_attention(q, k, v, pools.k8, pools.v8, meta, SCALE, scales=pools.scales)
-    want = paged_verify.paged_verify_attention(
-        q, stored(k, torch.int8), stored(v, torch.int8), pools.kf, pools.vf, meta, SCALE
-    )
+    kr, vr = stored(k, torch.int8), stored(v, torch.int8)
+    want = rotate(paged_verify.paged_verify_attention(rotate(q), kr, vr, pools.kf, pools.vf, meta, SCALE))
     if form == "fused":  # the reductions torch.compile traces, over the caches just written
         got = paged_verify._attend_fused(q, pools.k8, pools.v8, meta, SCALE, scales=pools.scales)
         want = paged_verify._attend_fused(q, pools.kf, pools.vf, meta, SCALE)
