@@ -71,7 +71,7 @@ def resolve_kv_dtype(name: str, model_dtype: torch.dtype, device: torch.device |
         raise ConfigError(
             "cache.dtype",
             "fp8_e4m3 needs CUDA (flashinfer's fp8 KV kernels); on CPU use int8 "
-            "(as small, dequantized inside the attention)",
+            "(about as small: a float32 scale per token and head beside the codes)",
         )
     return KV_DTYPES[name]
 

@@ -2,12 +2,14 @@
 
 Per step: write the new K/V at `slot_mapping`, then attend in up to three groups, all slices of the
 flat batch (prefills first, decodes last, per AttentionMetadata):
-  - fresh prefills (q_len == seq_len): causal SDPA over this step's own k/v, the cache is not read;
+  - fresh prefills (q_len == seq_len): causal SDPA over this step's own k/v as the cache stores
+    them (`stored`: what a later chunk or a prefix-cache hit reads back), the cache is not read;
   - continued prefills (chunks of a partly cached prompt): gather the context from the cache, SDPA
     with a bottom-right-aligned causal mask (query i sits at position seq_len - q_len + i);
   - decodes (q_len 1): gather every context once, padded to the longest, one masked SDPA for all.
     GQA is free here: q viewed as [B, Hkv, G, D] puts a kv head's G query heads on the query axis.
-Rows past query_start[B] (batch padding, slot -1) are left zero.
+Rows past query_start[B] (batch padding, slot -1) are left zero. An int8 pool (`scales` given)
+holds K/V rotated (attention/kv_cache.py): the query is rotated in and the output back, once a step.
 """
 
 from __future__ import annotations
