@@ -19,6 +19,7 @@ from typing import cast
 import torch
 from rillet.core.attention.base import AttentionBackend
 from rillet.core.attention.invariant import InvariantAttentionBackend
+from rillet.core.attention.kv_cache import bytes_per_token, resolve_kv_dtype
 from rillet.core.attention.select import create_attention_backend, select_attention_backend
 from rillet.core.config import CompileMode, ConfigError, RilletConfig
 from rillet.core.determinism import startup as deterministic
@@ -141,7 +142,8 @@ def make_backend(
         check_supported(arch)
         log.info("attention: invariant (engine.deterministic on)")
         return InvariantAttentionBackend(deterministic.row_padding())
-    sel = select_attention_backend(cfg.attention, device, arch)
+    kv_dtype = resolve_kv_dtype(cfg.cache.dtype, dtype, device)
+    sel = select_attention_backend(cfg.attention, device, arch, kv_dtype)
     for line in sel.log_lines:
         log.info("%s", line)
     if sel.prefill_backend != sel.backend:
@@ -160,6 +162,7 @@ def make_backend(
         graph_batch_sizes=buckets,
         max_blocks_per_seq=max_blocks_per_seq(cfg, arch),
         flashinfer_prefill_backend=cfg.attention.flashinfer_prefill_backend,
+        kv_dtype=kv_dtype,
     )
 
 
@@ -203,11 +206,12 @@ def maybe_quantize(quantization: Quantization, model: DecoderModel) -> None:
 
 
 def kv_capacity(cfg: RilletConfig, arch: ModelArch, dtype: torch.dtype, device: torch.device) -> int:
-    """KV blocks the pool gets: cache.num_blocks, else what the memory budget holds."""
+    """KV blocks the pool gets: cache.num_blocks, else what the memory budget holds in the pool's
+    storage dtype (cache.dtype; an int8 pool counts its scales). `dtype`: the model's."""
     if cfg.cache.num_blocks is not None:
         return cfg.cache.num_blocks
-    per_block = 2 * arch.num_layers * cfg.cache.block_size * arch.num_kv_heads * arch.head_dim
-    per_block *= torch.finfo(dtype).bits // 8
+    kv_dtype = resolve_kv_dtype(cfg.cache.dtype, dtype, device)
+    per_block = cfg.cache.block_size * bytes_per_token(arch, kv_dtype)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         budget = free * cfg.cache.memory_fraction
@@ -224,9 +228,11 @@ def model_runner(
     device: torch.device,
     dtype: torch.dtype,
 ) -> ModelRunner:
-    """The KV pool and runner of `model` (this rank's shard under tensor parallelism)."""
+    """The KV pool (in cache.dtype) and runner of `model` (this rank's shard under tensor
+    parallelism). `dtype`: the model's."""
     arch = model.arch
-    kv = allocate_kv_cache(arch, num_blocks, cfg.cache.block_size, dtype, device)
+    kv_dtype = resolve_kv_dtype(cfg.cache.dtype, dtype, device)
+    kv = allocate_kv_cache(arch, num_blocks, cfg.cache.block_size, kv_dtype, device)
     sampler = Sampler(arch.vocab_size, eos, device)
     graphs = _graph_runner(cfg, model, kv, device)
     return ModelRunner(model, kv, sampler, cfg.cache.block_size, device, graphs)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
+from rillet.core.attention.kv_cache import describe_pool, resolve_kv_dtype
 from rillet.core.build import (
     ModelSource,
     Precision,
@@ -27,7 +28,7 @@ from rillet.core.build import (
     resolve_source,
     served_name,
 )
-from rillet.core.config import RilletConfig
+from rillet.core.config import CacheConfig, RilletConfig
 from rillet.core.determinism import startup as deterministic
 from rillet.core.embed_build import EmbedSetup, load_encoder, resolve_tasks
 from rillet.core.embedding import Pooling, Task
@@ -118,7 +119,7 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
                 cfg, model, eos, max_len, device, precision.dtype, blocks.num_blocks, tokenizer
             )
     report("ready", 1.0)
-    _log_model(name, src, precision, device, model.arch, max_len, blocks, cfg.cache.block_size)
+    _log_model(name, src, precision, device, model.arch, max_len, blocks, cfg.cache)
     return Runtime(
         tokenizer=tokenizer,
         model_name=name,
@@ -223,10 +224,11 @@ def _log_model(
     arch: ModelArch,
     max_len: int,
     blocks: BlockManager,
-    block_size: int,
+    cache: CacheConfig,
 ) -> None:
+    kv_dtype = resolve_kv_dtype(cache.dtype, precision.dtype, device)
     log.info(
-        "model %s (%s, %s%s on %s): %d layers, context %d, KV pool %d blocks x %d tokens",
+        "model %s (%s, %s%s on %s): %d layers, context %d, %s",
         name,
         src.kind,
         "int4 weights, " if precision.quantization == "int4" else "",
@@ -234,8 +236,7 @@ def _log_model(
         device,
         arch.num_layers,
         max_len,
-        blocks.num_usable,
-        block_size,
+        describe_pool(arch, blocks.num_usable, cache.block_size, kv_dtype),
     )
 
 

@@ -37,6 +37,7 @@ class StatsLike(Protocol):
     waiting: int
     kv_blocks_used: int
     kv_blocks_total: int
+    kv_tokens_total: int
     steps: int
     prompt_tokens: int
     cached_prompt_tokens: int

@@ -11,6 +11,10 @@ A prompt agrees when the two token lists are equal (a shorter answer must be equ
 France answer of each run is kept, since "Paris" is what a user of the default server must get.
 
     .venv/bin/python bench/numerics_agreement.py [--tokens 32] [--match 16] [--skip-hf]
+        [--variant cache.dtype=int8 ...]
+
+`--variant A=x,B=y`: one more run of the default config with these overrides (e.g. an int8 KV
+pool), measured against the same float32 and transformers runs ("variants" in the JSON).
 
 tests/core/test_numerics.py runs this script in subprocesses under several CPU-ISA caps
 (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA), so one machine exercises more than one kernel path.
@@ -69,6 +73,7 @@ def rillet_run(
         outs = llm.generate(texts, SamplingParams(max_tokens=tokens, temperature=0.0))
         answers = [list(o.outputs[0].token_ids) for o in outs]
         model = llm.engine.core.runner.model  # type: ignore[attr-defined]
+        kv_dtype = llm.engine.core.runner.kv_caches[0].k.dtype  # type: ignore[attr-defined]
         own = [p + a for p, a in zip(ids, answers, strict=True)]
         return RilletRun(
             ids,
@@ -76,15 +81,18 @@ def rillet_run(
             [o.outputs[0].text for o in outs],
             f"{rt.quantization}/{str(rt.dtype).removeprefix('torch.')}",
             path,
-            [prefill_logits(model, f) for f in (forced or own)],
+            [prefill_logits(model, f, kv_dtype=kv_dtype) for f in (forced or own)],
             rt.arch.eos_token_ids[0],
         )
 
 
-def prefill_logits(model: DecoderModel, ids: list[int], block: int = 16) -> torch.Tensor:  # [T, V]
-    """One whole-sequence prefill through rillet's model (blocks 1.., block 0 is the dummy)."""
+def prefill_logits(
+    model: DecoderModel, ids: list[int], block: int = 16, kv_dtype: torch.dtype | None = None
+) -> torch.Tensor:  # [T, V]
+    """One whole-sequence prefill through rillet's model (blocks 1.., block 0 is the dummy), over a
+    pool of the run's cache.dtype (`kv_dtype`; None: the model's dtype)."""
     nblk = -(-len(ids) // block)
-    kv = allocate_kv_cache(model.arch, nblk + 1, block, model.embed_tokens.dtype, "cpu")
+    kv = allocate_kv_cache(model.arch, nblk + 1, block, kv_dtype or model.embed_tokens.dtype, "cpu")
     n = len(ids)
     meta = AttentionMetadata(
         slot_mapping=torch.arange(block, block + n),
@@ -162,6 +170,7 @@ def measure(
     default_set: list[str],
     prompts_n: int | None = None,
     quick: bool = False,
+    variants: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """`quick`: transformers only under teacher forcing (no generate), for the test suite."""
     prompts = chat_prompts()[:prompts_n]
@@ -189,7 +198,17 @@ def measure(
         ],
         "default_france": default.texts[f],
         "fp32_france": fp32.texts[f],
+        "variants": {},
     }
+    for v in variants:  # the default config with more overrides, against the same references
+        run = rillet_run(prompts, tokens, [*default_set, *v.split(",")], forced)
+        result["variants"][v] = {
+            "run": run.weights,
+            "decode": run.decode,
+            "vs_fp32": agreement(run.answers, fp32.answers, match),
+            "forced": forced_stats(run.logits, fp32.logits, fp32.answers),
+            "france": run.texts[f],
+        }
     if not skip_hf:
         n, ids, eos = 0 if quick else tokens, fp32.prompt_ids, fp32.eos
         hf32, hlog32 = hf_run(ids, n, torch.float32, eos, forced)
@@ -214,9 +233,10 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], help="config override of the run compared to fp32")
     ap.add_argument("--prompts", type=int, default=None, help="only the first N prompts")
     ap.add_argument("--quick", action="store_true", help="transformers under teacher forcing only")
+    ap.add_argument("--variant", action="append", default=[], help="another run: overrides A=x,B=y")
     ap.add_argument("--out", default="bench/out/numerics_agreement.json")
     a = ap.parse_args()
-    r = measure(a.tokens, a.match, a.skip_hf, a.set, a.prompts, a.quick)
+    r = measure(a.tokens, a.match, a.skip_hf, a.set, a.prompts, a.quick, tuple(a.variant))
     write_json(a.out, r)
     name = "default" if not a.set else ",".join(a.set)
     rows = [
@@ -226,6 +246,10 @@ def main() -> None:
         }
         | r["default_forced"]
     ]
+    for v, vr in r["variants"].items():
+        pair = f"rillet {name},{v} ({vr['run']}) vs rillet {r['fp32_run']}"
+        rows.append({"pair": pair, "answers_agree": vr["vs_fp32"]} | vr["forced"])
+        print(f"France, {v}: {vr['france']!r}")
     if "hf_bf16_forced" in r:
         rows.append(
             {"pair": "transformers bf16 vs transformers fp32", "answers_agree": r.get("hf_bf16_vs_hf_fp32")}

@@ -99,7 +99,7 @@ def verify_cost(llm: LLM, context: int, iters: int) -> dict[str, Any]:
     device, bs = runner.device, runner.block_size
     num_blocks = runner.kv_caches[0][0].shape[0]
     vocab = runner.model.arch.vocab_size
-    for kc, vc in runner.kv_caches:  # random context, not zeros
+    for kc, vc, _ in runner.kv_caches:  # random context, not zeros (a float pool: no scales)
         kc.normal_()
         vc.normal_()
     results: list[dict[str, Any]] = []

@@ -94,7 +94,7 @@ def step_timing(llm: LLM, rows: int, context: int, iters: int, warmup: int) -> d
     model: DecoderModel = runner.model
     device = runner.device
     num_blocks = runner.kv_caches[0][0].shape[0]
-    for k, v in runner.kv_caches:  # random context, not zeros
+    for k, v, _ in runner.kv_caches:  # random context, not zeros (a float pool: no scales)
         k.normal_()
         v.normal_()
     batch = decode_batch(rows, context, cfg.cache.block_size, num_blocks, model.arch.vocab_size)

@@ -11,7 +11,11 @@ to softcap * tanh(s / softcap) before the mask and softmax (Gemma 2). A backend 
 raises a ValueError naming it.
 
 KV cache layout (shared by all backends, flashinfer's "NHD"):
-  k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim] per layer.
+  k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim] per layer, in the pool's
+  storage dtype (cache.dtype); an int8 pool also passes `scales` = (k_scale, v_scale)
+  [num_blocks, block_size, num_kv_heads] float32. A backend writes K/V quantized as the cache is
+  and dequantizes where it reads (attention/kv_cache.py); one that cannot read a dtype says so
+  when it is built.
 Token t of a sequence lives in block block_tables[b][t // block_size] at offset t % block_size,
 i.e. flat slot block * block_size + offset. Block 0 is reserved as the dummy block: padding rows
 point at it and nothing real is ever stored there.
@@ -97,5 +101,6 @@ class AttentionBackend(ABC):
         *,
         window: int | None = None,
         softcap: float | None = None,
+        scales: tuple[torch.Tensor, torch.Tensor] | None = None,  # int8 pools: [num_blocks, bs, Hkv]
     ) -> torch.Tensor:  # [T, Hq, D]
         ...

@@ -18,6 +18,11 @@ copied each layer's whole K and V cache every step (12 ms of a 17 ms batch-1 ste
 written in place). The write happens inside the op, in stream order, the way vLLM keeps the cache
 out of its compiled graph.
 
+KV storage (`kv_dtype`, cache.dtype): the model's dtype or fp8 e4m3, which flashinfer reads itself
+(plan()'s kv_data_type) with per-layer scales of 1.0 (no calibration: the values are clamped to
++-448 and cast, attention/kv_cache.py). int8 codes it cannot read: such a pool gets the torch
+backend (build.py). The fp8 path is written for the GPU and has not run on one yet.
+
 flashinfer is imported in the constructor, so importing this module never needs it.
 """
 
@@ -30,6 +35,7 @@ from typing import Any, get_args
 
 import torch
 from rillet.core.attention.base import AttentionBackend, AttentionMetadata, StepMetadata
+from rillet.core.attention.kv_cache import encode
 from rillet.core.config import FlashinferPrefillKernels
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # flashinfer's recommended float workspace (split-k partials)
@@ -102,6 +108,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         max_blocks_per_seq: int = 0,
         workspace_bytes: int | None = None,  # None = WORKSPACE_BYTES
         prefill_backend: str = "fa2",  # flashinfer's prefill kernels: fa2 | fa3 | auto
+        kv_dtype: torch.dtype | None = None,  # the pool's storage; None = `dtype`
     ) -> None:
         if prefill_backend not in PREFILL_KERNELS:
             raise ValueError(
@@ -111,6 +118,9 @@ class FlashInferAttentionBackend(AttentionBackend):
 
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.block_size, self.dtype, self.device = block_size, dtype, torch.device(device)
+        self.kv_dtype = dtype if kv_dtype is None else kv_dtype
+        if self.kv_dtype == torch.int8:
+            raise ValueError("the flashinfer attention backend reads no int8 KV cache (use fp8_e4m3)")
         self.sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
         self.tensor_cores = num_heads // num_kv_heads >= TENSOR_CORE_MIN_GROUP
         # zeroed: flashinfer requires it before first use; one workspace for every wrapper
@@ -169,7 +179,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         common: dict[str, Any] = {
             "sm_scale": self.sm_scale,
             "q_data_type": self.dtype,
-            "kv_data_type": self.dtype,
+            "kv_data_type": self.kv_dtype,
         }
         heads = (self.num_heads, self.num_kv_heads, self.head_dim, meta.block_size)
         if meta.is_decode_only:
@@ -196,7 +206,10 @@ class FlashInferAttentionBackend(AttentionBackend):
         *,
         window: int | None = None,
         softcap: float | None = None,
+        scales: tuple[torch.Tensor, torch.Tensor] | None = None,  # never set: no int8 pool here
     ) -> torch.Tensor:  # [T, Hq, D]
+        if scales is not None:
+            raise ValueError("the flashinfer attention backend reads no int8 KV cache (use fp8_e4m3)")
         if window is not None or softcap is not None:
             # one plan() per step serves every layer; sliding and global layers would need two
             raise ValueError(unsupported_options(window, softcap))
@@ -234,7 +247,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             causal=True,
             sm_scale=self.sm_scale,
             q_data_type=self.dtype,
-            kv_data_type=self.dtype,
+            kv_data_type=self.kv_dtype,
         )
         self._active = wrapper
         if self.device.type == "cuda":
@@ -274,8 +287,9 @@ class FlashInferAttentionBackend(AttentionBackend):
         if self._active is None:
             raise RuntimeError("flashinfer backend: forward before begin_step() planned the step")
         # slot_mapping >= 0: begin_step clamped it
-        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+        # encode: the cast of the pool's dtype (fp8: clamped first, an overflow would be NaN)
+        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, encode(k, k_cache.dtype)[0])
+        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, encode(v, v_cache.dtype)[0])
         # forward passed q contiguous; a compiler could in principle hand the op another layout
         out: torch.Tensor = self._active.run(q.contiguous(), (k_cache, v_cache))
         return out

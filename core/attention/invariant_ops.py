@@ -12,13 +12,15 @@ positions (chunk c holds keys 64c .. 64c + 63 of the sequence):
   chunks  added as a pairwise tree over chunk indices: a chunk past a row's context adds exact
           zeros, so a row gets the same bits from 3 chunks as from 30.
 The rows of every gemm are padded by core/determinism/rows.py's rule. Computed in float32 whatever
-the cache's dtype (bf16 bmm kernels were not measured).
+the cache's dtype (bf16 bmm kernels were not measured); an int8 pool is dequantized as it is
+gathered (attention/kv_cache.py: per-token scales, so a token's values never depend on its batch).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from rillet.core.attention.kv_cache import Scales, gather
 from rillet.core.determinism.rows import RowPadding
 
 CHUNK = 64  # keys per gemm; a row's chunk boundaries are absolute positions
@@ -69,13 +71,14 @@ def gather_kv(
     v_cache: torch.Tensor,
     table: torch.Tensor,  # [X, W] block ids
     s: int,  # keys to keep per row (<= W * bs), padded to whole chunks with zeros
+    scales: Scales | None = None,  # int8 pools
 ) -> tuple[torch.Tensor, torch.Tensor]:  # k [X, Hkv, S', D], v1 [X, Hkv, S', Dv] float32
-    x, w = table.shape
-    bs, hkv, d = k_cache.shape[1:]
+    x = table.shape[0]
+    hkv, d = k_cache.shape[2:]
     sp = padded_len(s)
-    idx = table.reshape(-1)
-    kg = k_cache.index_select(0, idx).view(x, w * bs, hkv, d)[:, :s].transpose(1, 2)
-    vg = v_cache.index_select(0, idx).view(x, w * bs, hkv, d)[:, :s].transpose(1, 2)
+    ks, vs = scales if scales is not None else (None, None)
+    kg = gather(k_cache, ks, table, torch.float32)[:, :s].transpose(1, 2)  # [X, Hkv, s, D]
+    vg = gather(v_cache, vs, table, torch.float32)[:, :s].transpose(1, 2)
     k = torch.empty(x, hkv, sp, d, dtype=torch.float32, device=k_cache.device)
     k[:, :, :s] = kg
     k[:, :, s:] = 0.0
@@ -124,11 +127,12 @@ def decode_attention(
     scale: float,
     window: int | None,
     softcap: float | None,
+    scales: Scales | None = None,
 ) -> torch.Tensor:  # [B, Hq, D] float32
     b, hq, d = q.shape
     hkv = k_cache.shape[2]
     g = hq // hkv
-    k, v1 = gather_kv(k_cache, v_cache, table, table.shape[1] * k_cache.shape[1])
+    k, v1 = gather_kv(k_cache, v_cache, table, table.shape[1] * k_cache.shape[1], scales)
     sp = k.shape[2]
     qg = rows.pad(q.float().reshape(b * hkv, g, d))  # [B*Hkv, M, D]
     hi = seq_lens.clamp(min=1).long().repeat_interleave(hkv)[:, None].expand(-1, qg.shape[1])

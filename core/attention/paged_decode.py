@@ -12,13 +12,15 @@ context in the step (the full `max_blocks_per_seq` for a CUDA graph, trimmed on 
 
 Per-layer options are Python constants of the traced code: a sliding `window` adds
 `position >= seq_len - window` to the mask, `softcap` caps the scores (cap * tanh(s / cap)) before
-it. Neither branches on a tensor's value.
+it. Neither branches on a tensor's value. An int8 pool's `scales` are read beside the codes and
+multiplied in where the values are read (attention/kv_cache.py), traced like the rest.
 """
 
 from __future__ import annotations
 
 import torch
 from rillet.core.attention.base import DecodeMetadata
+from rillet.core.attention.kv_cache import Scales, gather, gather_blocks, rotate, rotated, write_rows
 
 
 def write_decode_kv(
@@ -27,9 +29,11 @@ def write_decode_kv(
     k_cache: torch.Tensor,  # [N, bs, Hkv, D]
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [B] int64, every entry a valid slot (padding rows: slot 0)
+    scales: Scales | None = None,  # int8 pools: [N, bs, Hkv] each
 ) -> None:
-    k_cache.view(-1, *k_cache.shape[2:])[slot_mapping] = k.to(k_cache.dtype)
-    v_cache.view(-1, *v_cache.shape[2:])[slot_mapping] = v.to(v_cache.dtype)
+    ks, vs = scales if scales is not None else (None, None)
+    write_rows(k, k_cache, ks, slot_mapping, index_put=True)
+    write_rows(v, v_cache, vs, slot_mapping, index_put=True)
 
 
 def paged_decode_attention(
@@ -43,13 +47,16 @@ def paged_decode_attention(
     *,
     window: int | None = None,
     softcap: float | None = None,
+    scales: Scales | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """Writes this step's K/V, then each row attends over its first seq_lens[b] cached tokens
     (its last `window` of them for a sliding layer)."""
-    write_decode_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-    if torch.compiler.is_compiling():
-        return _attend_fused(q, k_cache, v_cache, meta, scale, window, softcap)
-    return _attend_matmul(q, k_cache, v_cache, meta, scale, window, softcap)
+    write_decode_kv(k, v, k_cache, v_cache, meta.slot_mapping, scales)
+    if rotated(scales):  # an int8 pool holds K/V rotated: attend in its space (kv_cache.py)
+        q = rotate(q)
+    attend = _attend_fused if torch.compiler.is_compiling() else _attend_matmul
+    o = attend(q, k_cache, v_cache, meta, scale, window, softcap, scales)
+    return rotate(o) if rotated(scales) else o
 
 
 def _valid(pos: torch.Tensor, seq_lens: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -70,6 +77,7 @@ def _attend_fused(
     scale: float,
     window: int | None,
     softcap: float | None,
+    scales: Scales | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """The attention as two reductions over the context, for Inductor: it fuses the block gather
     into them, so each row's context is read once, in place from the cache. As matmuls (below) it
@@ -77,19 +85,19 @@ def _attend_fused(
     (nor the width and block axes): such an index expression would specialise a batch of 1."""
     b, w = meta.block_tables.shape
     bs, hkv, d = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    table = meta.block_tables.reshape(-1)
+    ks, vs = scales if scales is not None else (None, None)
     qg = q.view(b, hkv, 1, 1, q.shape[1] // hkv, d).float()  # [B, Hkv, 1, 1, G, D]
-    # [B, Hkv, W, bs, 1, D] views of the gathered blocks; Inductor reads them in place
-    kt = k_cache.index_select(0, table).view(b, w, bs, hkv, 1, d).permute(0, 3, 1, 2, 4, 5)
-    vt = v_cache.index_select(0, table).view(b, w, bs, hkv, 1, d).permute(0, 3, 1, 2, 4, 5)
-    scores = _cap((qg * kt.float()).sum(-1) * scale, softcap)  # [B, Hkv, W, bs, G]
+    # [B, Hkv, W, bs, 1, D] float32 views of the gathered blocks; Inductor reads them in place
+    kt = gather_blocks(k_cache, ks, meta.block_tables).view(b, w, bs, hkv, 1, d).permute(0, 3, 1, 2, 4, 5)
+    vt = gather_blocks(v_cache, vs, meta.block_tables).view(b, w, bs, hkv, 1, d).permute(0, 3, 1, 2, 4, 5)
+    scores = _cap((qg * kt).sum(-1) * scale, softcap)  # [B, Hkv, W, bs, G]
     pos = torch.arange(w * bs, device=q.device).view(w, bs)
     valid = _valid(pos[None], meta.seq_lens[:, None, None], window)  # [B, W, bs]
     scores = scores.masked_fill(~valid[:, None, :, :, None], float("-inf"))
     # softmax over the context (W, bs) without merging the two axes (a merge ties W to B)
     e = torch.exp(scores - scores.amax(dim=(2, 3), keepdim=True))
     p = e / e.sum(dim=(2, 3), keepdim=True)  # [B, Hkv, W, bs, G]
-    o = (p[..., None] * vt.float()).sum(dim=(2, 3))  # [B, Hkv, G, D]
+    o = (p[..., None] * vt).sum(dim=(2, 3))  # [B, Hkv, G, D]
     return o.to(q.dtype).reshape(b, q.shape[1], d)
 
 
@@ -101,20 +109,20 @@ def _attend_matmul(
     scale: float,
     window: int | None,
     softcap: float | None,
+    scales: Scales | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """Eager (and CUDA-graph capture): batched matmuls over the gathered contexts."""
     b, w = meta.block_tables.shape
     hkv, d = k_cache.shape[2], k_cache.shape[3]
     s = w * k_cache.shape[1]
-    table = meta.block_tables.reshape(-1)
-    # index_select, not cache[table]: advanced indexing is far slower on CPU (eager)
-    kc = k_cache.index_select(0, table).view(b, s, hkv, d)  # [B, S, Hkv, D]
-    vc = v_cache.index_select(0, table).view(b, s, hkv, d)
+    ks, vs = scales if scales is not None else (None, None)
+    kc = gather(k_cache, ks, meta.block_tables, q.dtype)  # [B, S, Hkv, D]
+    vc = gather(v_cache, vs, meta.block_tables, q.dtype)
     qg = q.view(b, hkv, q.shape[1] // hkv, d)  # [B, Hkv, G, D]: query heads grouped by kv head
-    scores = torch.einsum("bhgd,bshd->bhgs", qg, kc.to(q.dtype)).float() * scale  # [B, Hkv, G, S]
+    scores = torch.einsum("bhgd,bshd->bhgs", qg, kc).float() * scale  # [B, Hkv, G, S]
     scores = _cap(scores, softcap)
     valid = _valid(torch.arange(s, device=q.device)[None, :], meta.seq_lens[:, None], window)  # [B, S]
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     p = torch.softmax(scores, dim=-1).to(q.dtype)
-    o = torch.einsum("bhgs,bshd->bhgd", p, vc.to(q.dtype))  # [B, Hkv, G, D]
+    o = torch.einsum("bhgs,bshd->bhgd", p, vc)  # [B, Hkv, G, D]
     return o.reshape(b, q.shape[1], d)

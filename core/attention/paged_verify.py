@@ -8,13 +8,16 @@ Padding queries (i >= query_lens[b]) write to slot 0 (the dummy block) and see t
 context; their outputs are thrown away. Like paged_decode.py: no host data, no shape taken from
 tensor values, the same code eager, compiled (fullgraph) and captured; a sliding `window` and a
 `softcap` are Python constants of the traced code, as there (each query sees its last `window`
-positions; scores capped as cap * tanh(s / cap) before the mask).
+positions; scores capped as cap * tanh(s / cap) before the mask). An int8 pool's `scales` are
+written and read beside its codes, as there.
 """
 
 from __future__ import annotations
 
 import torch
 from rillet.core.attention.base import VerifyMetadata
+from rillet.core.attention.kv_cache import Scales, gather, gather_blocks, rotate, rotated
+from rillet.core.attention.paged_decode import write_decode_kv
 
 
 def paged_verify_attention(
@@ -27,13 +30,14 @@ def paged_verify_attention(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    scales: Scales | None = None,
 ) -> torch.Tensor:  # [B * Q, Hq, D]
-    slots = meta.slot_mapping.reshape(-1)
-    k_cache.view(-1, *k_cache.shape[2:])[slots] = k.to(k_cache.dtype)
-    v_cache.view(-1, *v_cache.shape[2:])[slots] = v.to(v_cache.dtype)
-    if torch.compiler.is_compiling():
-        return _attend_fused(q, k_cache, v_cache, meta, scale, window, softcap)
-    return _attend_matmul(q, k_cache, v_cache, meta, scale, window, softcap)
+    write_decode_kv(k, v, k_cache, v_cache, meta.slot_mapping.reshape(-1), scales)
+    if rotated(scales):  # an int8 pool holds K/V rotated: attend in its space (kv_cache.py)
+        q = rotate(q)
+    attend = _attend_fused if torch.compiler.is_compiling() else _attend_matmul
+    o = attend(q, k_cache, v_cache, meta, scale, window, softcap, scales)
+    return rotate(o) if rotated(scales) else o
 
 
 def _visible(meta: VerifyMetadata, w: int, bs: int, device: torch.device, window: int | None) -> torch.Tensor:
@@ -57,6 +61,7 @@ def _attend_fused(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    scales: Scales | None = None,
 ) -> torch.Tensor:
     """As reductions for Inductor, which fuses the block gather into them (paged_decode.py's
     reasoning): the width and block axes are never merged, so no index expression ties W to B."""
@@ -64,17 +69,17 @@ def _attend_fused(
     nq = meta.slot_mapping.shape[1]
     bs, hkv, d = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     g = q.shape[1] // hkv
-    table = meta.block_tables.reshape(-1)
+    ks, vs = scales if scales is not None else (None, None)
     qg = q.view(b, nq, hkv, g, d).permute(0, 2, 1, 3, 4).float()[:, :, :, :, None, None, :]
-    # [B, Hkv, 1, 1, W, bs, D] views of the gathered blocks
-    kt = k_cache.index_select(0, table).view(b, w, bs, hkv, d).permute(0, 3, 1, 2, 4)[:, :, None, None]
-    vt = v_cache.index_select(0, table).view(b, w, bs, hkv, d).permute(0, 3, 1, 2, 4)[:, :, None, None]
-    scores = _cap((qg * kt.float()).sum(-1) * scale, softcap)  # [B, Hkv, Q, G, W, bs]
+    # [B, Hkv, 1, 1, W, bs, D] float32 views of the gathered blocks
+    kt = gather_blocks(k_cache, ks, meta.block_tables).permute(0, 3, 1, 2, 4)[:, :, None, None]
+    vt = gather_blocks(v_cache, vs, meta.block_tables).permute(0, 3, 1, 2, 4)[:, :, None, None]
+    scores = _cap((qg * kt).sum(-1) * scale, softcap)  # [B, Hkv, Q, G, W, bs]
     visible = _visible(meta, w, bs, q.device, window)[:, None, :, None]  # [B, 1, Q, 1, W, bs]
     scores = scores.masked_fill(~visible, float("-inf"))
     e = torch.exp(scores - scores.amax(dim=(4, 5), keepdim=True))
     p = e / e.sum(dim=(4, 5), keepdim=True)
-    o = (p[..., None] * vt.float()).sum(dim=(4, 5))  # [B, Hkv, Q, G, D]
+    o = (p[..., None] * vt).sum(dim=(4, 5))  # [B, Hkv, Q, G, D]
     return o.permute(0, 2, 1, 3, 4).to(q.dtype).reshape(b * nq, q.shape[1], d)
 
 
@@ -86,19 +91,20 @@ def _attend_matmul(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    scales: Scales | None = None,
 ) -> torch.Tensor:
     """Eager (and CUDA-graph capture): batched matmuls over the gathered contexts."""
     b, w = meta.block_tables.shape
     nq = meta.slot_mapping.shape[1]
     bs, hkv, d = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    table = meta.block_tables.reshape(-1)
-    kc = k_cache.index_select(0, table).view(b, w * bs, hkv, d)  # [B, S, Hkv, D]
-    vc = v_cache.index_select(0, table).view(b, w * bs, hkv, d)
+    ks, vs = scales if scales is not None else (None, None)
+    kc = gather(k_cache, ks, meta.block_tables, q.dtype)  # [B, S, Hkv, D]
+    vc = gather(v_cache, vs, meta.block_tables, q.dtype)
     qg = q.view(b, nq, hkv, q.shape[1] // hkv, d)  # [B, Q, Hkv, G, D]
-    scores = torch.einsum("bqhgd,bshd->bhqgs", qg, kc.to(q.dtype)).float() * scale  # [B, Hkv, Q, G, S]
+    scores = torch.einsum("bqhgd,bshd->bhqgs", qg, kc).float() * scale  # [B, Hkv, Q, G, S]
     scores = _cap(scores, softcap)
     visible = _visible(meta, w, bs, q.device, window).view(b, 1, nq, 1, w * bs)
     scores = scores.masked_fill(~visible, float("-inf"))
     p = torch.softmax(scores, dim=-1).to(q.dtype)
-    o = torch.einsum("bhqgs,bshd->bqhgd", p, vc.to(q.dtype))  # [B, Q, Hkv, G, D]
+    o = torch.einsum("bhqgs,bshd->bqhgd", p, vc)  # [B, Q, Hkv, G, D]
     return o.reshape(b * nq, q.shape[1], d)

@@ -8,6 +8,8 @@
                             otherwise the decode backend, with a log line.
   attention.flashinfer_prefill_backend
                             fa2 | fa3 | auto: the kernels flashinfer's prefill wrapper runs.
+  cache.dtype int8          flashinfer reads no int8 KV: auto gets torch on CUDA too (its
+                            graph-safe decode is captured); flashinfer asked for is a ConfigError.
 
 Backend modules are imported lazily: selecting never imports flashinfer's kernels or the torch
 backend's module, and `create_attention_backend` imports only the one it builds.
@@ -68,11 +70,23 @@ def flashinfer_gap(arch: ModelArch | None) -> str | None:
 
 
 def select_attention_backend(
-    cfg: AttentionConfig, device: torch.device, arch: ModelArch | None = None
+    cfg: AttentionConfig,
+    device: torch.device,
+    arch: ModelArch | None = None,
+    kv_dtype: torch.dtype | None = None,
 ) -> AttentionSelection:
-    """`arch`: the model, when known: one whose attention flashinfer cannot run gets torch."""
+    """`arch`: the model, when known: one whose attention flashinfer cannot run gets torch.
+    `kv_dtype`: the pool's storage (cache.dtype resolved), when known."""
     lines: list[str] = []
     gap = flashinfer_gap(arch)
+    if kv_dtype == torch.int8:
+        if "flashinfer" in (cfg.backend, cfg.prefill_backend):
+            raise ConfigError(
+                "cache.dtype",
+                "int8 is read by the torch attention backend only (flashinfer has no int8 KV); "
+                "use attention.backend 'auto' or 'torch', or cache.dtype fp8_e4m3 with flashinfer",
+            )
+        gap = gap or "an int8 KV cache"
     if gap is not None and "flashinfer" in (cfg.backend, cfg.prefill_backend):
         raise ConfigError(
             "attention.backend" if cfg.backend == "flashinfer" else "attention.prefill_backend",
@@ -142,9 +156,11 @@ def create_attention_backend(
     graph_batch_sizes: Sequence[int] = (),
     max_blocks_per_seq: int = 0,
     flashinfer_prefill_backend: str = "fa2",
+    kv_dtype: torch.dtype | None = None,
 ) -> AttentionBackend:
     """Builds the backend `name` for a model; `graph_batch_sizes` = the captured decode buckets;
-    `flashinfer_prefill_backend` = the kernels of flashinfer's prefill wrapper (fa2 | fa3 | auto)."""
+    `flashinfer_prefill_backend` = the kernels of flashinfer's prefill wrapper (fa2 | fa3 | auto);
+    `kv_dtype` = the pool's storage dtype (None: `dtype`). The torch backend reads any."""
     if name == "torch":
         from rillet.core.attention.torch_backend import TorchAttentionBackend
 
@@ -163,5 +179,6 @@ def create_attention_backend(
             graph_batch_sizes=graph_batch_sizes,
             max_blocks_per_seq=max_blocks_per_seq,
             prefill_backend=flashinfer_prefill_backend,
+            kv_dtype=kv_dtype,
         )
     raise ValueError(f"no attention backend named {name!r} can be built (known: torch, flashinfer)")

@@ -2,12 +2,14 @@
 
 Per step: write the new K/V at `slot_mapping`, then attend in up to three groups, all slices of the
 flat batch (prefills first, decodes last, per AttentionMetadata):
-  - fresh prefills (q_len == seq_len): causal SDPA over this step's own k/v, the cache is not read;
+  - fresh prefills (q_len == seq_len): causal SDPA over this step's own k/v as the cache stores
+    them (`stored`: what a later chunk or a prefix-cache hit reads back), the cache is not read;
   - continued prefills (chunks of a partly cached prompt): gather the context from the cache, SDPA
     with a bottom-right-aligned causal mask (query i sits at position seq_len - q_len + i);
   - decodes (q_len 1): gather every context once, padded to the longest, one masked SDPA for all.
     GQA is free here: q viewed as [B, Hkv, G, D] puts a kv head's G query heads on the query axis.
-Rows past query_start[B] (batch padding, slot -1) are left zero.
+Rows past query_start[B] (batch padding, slot -1) are left zero. An int8 pool (`scales` given)
+holds K/V rotated (attention/kv_cache.py): the query is rotated in and the output back, once a step.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from rillet.core.attention.base import (
     StepMetadata,
     VerifyMetadata,
 )
+from rillet.core.attention.kv_cache import Scales, gather, rotate, rotated, stored, write_rows
 from rillet.core.attention.paged_decode import paged_decode_attention
 from rillet.core.attention.paged_verify import paged_verify_attention
 
@@ -33,23 +36,25 @@ def write_kv(
     k_cache: torch.Tensor,  # [N, bs, Hkv, D]
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [T] int64, -1 = padding row
+    scales: Scales | None = None,  # int8 pools: [N, bs, Hkv] each
 ) -> None:
     # Padding rows are sent to slot 0, inside the reserved dummy block that no sequence reads
     # unmasked; this keeps the write one index_copy_ with no data-dependent shapes (graph-safe).
     slots = slot_mapping.clamp(min=0)
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
+    ks, vs = scales if scales is not None else (None, None)
+    write_rows(k, k_cache, ks, slots)
+    write_rows(v, v_cache, vs, slots)
 
 
 def gather_context(
     cache: torch.Tensor,  # [N, bs, Hkv, D]
     block_tables: torch.Tensor,  # [B, nblk]
+    scale: torch.Tensor | None = None,  # [N, bs, Hkv] (int8 pools)
+    dtype: torch.dtype | None = None,  # of the result; None = the cache's
 ) -> torch.Tensor:  # [B, Hkv, nblk * bs, D]
-    # index_select, not cache[block_tables]: advanced indexing is ~100x slower on CPU here
-    b, n = block_tables.shape
-    blocks = cache.index_select(0, block_tables.reshape(-1))  # [B * nblk, bs, Hkv, D]
+    blocks = gather(cache, scale, block_tables, dtype or cache.dtype)  # [B, nblk * bs, Hkv, D]
     # contiguous: SDPA and matmul on the transposed view run ~80x slower on CPU (measured)
-    return blocks.view(b, n * cache.shape[1], *cache.shape[2:]).transpose(1, 2).contiguous()
+    return blocks.transpose(1, 2).contiguous()
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -78,17 +83,32 @@ class TorchAttentionBackend(AttentionBackend):
         *,
         window: int | None = None,
         softcap: float | None = None,
+        scales: Scales | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
         if isinstance(meta, DecodeMetadata):  # the graph-safe decode step (compiled / captured)
             return paged_decode_attention(
-                q, k, v, k_cache, v_cache, meta, scale, window=window, softcap=softcap
+                q, k, v, k_cache, v_cache, meta, scale, window=window, softcap=softcap, scales=scales
             )
         if isinstance(meta, VerifyMetadata):  # the graph-safe speculative verify step
             return paged_verify_attention(
-                q, k, v, k_cache, v_cache, meta, scale, window=window, softcap=softcap
+                q, k, v, k_cache, v_cache, meta, scale, window=window, softcap=softcap, scales=scales
             )
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        opts = _Opts(scale, window, softcap)
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping, scales)
+        opts = _Opts(scale, window, softcap, scales)
+        if rotated(scales):  # an int8 pool holds K/V rotated: attend in its space (kv_cache.py)
+            return rotate(self._flat(rotate(q), k, v, k_cache, v_cache, meta, opts))
+        return self._flat(q, k, v, k_cache, v_cache, meta, opts)
+
+    def _flat(
+        self,
+        q: torch.Tensor,  # [T, Hq, D], in the cache's space
+        k: torch.Tensor,  # [T, Hkv, D], as given (already written)
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        opts: _Opts,
+    ) -> torch.Tensor:  # [T, Hq, D]
         qlens, slens = meta.query_lens_cpu, meta.seq_lens_cpu
         n_pre = meta.num_prefills
         used = sum(qlens)
@@ -98,8 +118,9 @@ class TorchAttentionBackend(AttentionBackend):
         start = 0
         for b in range(n_pre):
             end = start + qlens[b]
-            if qlens[b] == slens[b]:
-                out[start:end] = _causal(q[start:end], k[start:end], v[start:end], opts)
+            if qlens[b] == slens[b]:  # K/V as the cache holds them, as a later chunk reads them
+                kb, vb = (stored(x[start:end], k_cache.dtype) for x in (k, v))
+                out[start:end] = _causal(q[start:end], kb, vb, opts)
             else:
                 out[start:end] = self._chunk(q[start:end], k_cache, v_cache, meta, b, opts)
             start = end
@@ -121,8 +142,9 @@ class TorchAttentionBackend(AttentionBackend):
         # a sliding window reaches back to the first query's position - window + 1
         first = 0 if opts.window is None else max(0, s - n - opts.window + 1) // bs
         table = meta.block_tables[b : b + 1, first:nblk]
-        kc = gather_context(k_cache, table)[:, :, : s - first * bs]  # [1, Hkv, S', D]
-        vc = gather_context(v_cache, table)[:, :, : s - first * bs]
+        ks, vs = opts.cache_scales or (None, None)
+        kc = gather_context(k_cache, table, ks, q.dtype)[:, :, : s - first * bs]  # [1, Hkv, S', D]
+        vc = gather_context(v_cache, table, vs, q.dtype)[:, :, : s - first * bs]
         qpos = torch.arange(s - n, s, device=q.device)[:, None]
         kpos = torch.arange(first * bs, s, device=q.device)[None, :]
         mask = kpos <= qpos  # [L, S']
@@ -142,8 +164,9 @@ class TorchAttentionBackend(AttentionBackend):
         table = meta.block_tables[first:]
         if self.trim_decode if self.trim_decode is not None else not q.is_cuda:
             table = table[:, : max(1, -(-max(meta.seq_lens_cpu[first:]) // meta.block_size))]
-        kc = gather_context(k_cache, table)  # [B', Hkv, S, D]
-        vc = gather_context(v_cache, table)
+        ks, vs = opts.cache_scales or (None, None)
+        kc = gather_context(k_cache, table, ks, q.dtype)  # [B', Hkv, S, D]
+        vc = gather_context(v_cache, table, vs, q.dtype)
         bsz, hkv, s, d = kc.shape
         # clamp: a padding sequence (seq_len 0) still sees one (dummy) key, so softmax stays finite
         seq_lens = meta.seq_lens[first:].clamp(min=1)
@@ -159,6 +182,7 @@ class _Opts(NamedTuple):
     scale: float
     window: int | None
     softcap: float | None
+    cache_scales: Scales | None = None  # the layer's int8 scales
 
 
 def _causal(

@@ -13,6 +13,9 @@ Device = Literal["auto", "cpu", "cuda"]
 # generate: chat and completions; embed: /v1/embeddings; both: a decoder serves both from one engine.
 # auto: embed for a sentence-transformers folder (it has modules.json), generate otherwise.
 ModelTask = Literal["auto", "generate", "embed", "both"]
+# The KV pool's storage (core/attention/kv_cache.py): auto = the model's dtype; int8 = codes and a
+# float32 scale per token per KV head; fp8_e4m3 = CUDA only (flashinfer's fp8 KV).
+KVDType = Literal["auto", "float32", "bfloat16", "float16", "int8", "fp8_e4m3"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class CacheConfig:
     memory_gb: float = 1.0  # CPU: bytes of KV pool (GiB) when num_blocks is None
     memory_fraction: float = 0.85  # CUDA: fraction of free GPU memory after weights for the pool
     prefix_caching: bool = True
+    dtype: KVDType = "auto"  # storage of K/V; the same memory budget holds more blocks when smaller
 
     def __post_init__(self) -> None:
         check(

@@ -64,6 +64,7 @@ class EngineStats:
     spec_drafted: int = 0  # speculative decoding: draft tokens verified
     spec_accepted: int = 0  # ... of them accepted
     spec_verified: int = 0  # sequence-steps that verified a draft (each also gains the model's token)
+    kv_tokens_total: int = 0  # tokens the pool holds: kv_blocks_total x block_size (cache.dtype sizes it)
 
 
 # Inbox items: a new request's sequences, or the id of a request to abort.
@@ -313,6 +314,7 @@ class Engine:
             waiting=self.core.num_waiting + self._added - self._taken,
             kv_blocks_used=blocks.num_used,
             kv_blocks_total=blocks.num_usable,
+            kv_tokens_total=blocks.num_usable * blocks.block_size,
             steps=self.core.steps,
             prompt_tokens=blocks.stats.queried_tokens,
             cached_prompt_tokens=blocks.stats.hit_tokens,

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.nn.functional as F
 from rillet.core.attention.base import AttentionBackend, StepMetadata
+from rillet.core.attention.kv_cache import KVCache as KVCache  # re-exported: attention/kv_cache.py
+from rillet.core.attention.kv_cache import allocate_kv_cache as allocate_kv_cache
 from rillet.core.lora.stack import LayerLora, LoraStack
 from rillet.core.model.arch import ModelArch
 from rillet.core.model.mlp import activation, gated_mlp
@@ -28,7 +30,6 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
-KVCache = tuple[torch.Tensor, torch.Tensor]  # k_cache, v_cache: [num_blocks, block_size, Hkv, D]
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin [T, 1, D]
 
 
@@ -106,8 +107,18 @@ class DecoderLayer(nn.Module):
                 _norm(qkv[:, nq * d : (nq + nkv) * d].view(t, nkv, d), self.k_norm, self.eps), cos, sin
             )
         v = qkv[:, (nq + nkv) * d :].view(t, nkv, d)
+        # the cache's own scales travel with it: only the backend reads them (attention/kv_cache.py)
         o = self.backend.forward(
-            q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, window=self.window, softcap=self.softcap
+            q,
+            k,
+            v,
+            kv_cache.k,
+            kv_cache.v,
+            meta,
+            self.scale,
+            window=self.window,
+            softcap=self.softcap,
+            scales=kv_cache.scales,
         )
         a = lin(o.reshape(t, nq * d), self.o_weight)  # [T, H]
         if lora is not None and lora.o is not None and mix is not None:
@@ -310,23 +321,3 @@ def build_model(
     """
     with torch.device(device):
         return DecoderModel(arch, backend, dtype, max_position).eval()
-
-
-def allocate_kv_cache(
-    arch: ModelArch, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str
-) -> list[KVCache]:
-    """Per layer a (k, v) pair of separate zeroed tensors [num_blocks, block_size, Hkv, D] (sliding
-    and global layers alike: a sliding layer masks what lies outside its window).
-
-    Separate, not views of one pool: the compiled decode step writes the cache in place, and
-    torch.compile turns a write into inputs that alias each other into a copy of their whole
-    storage (the full pool, every step); distinct tensors are updated in place.
-    Zeroed, not empty: masked-out slots are still multiplied by a zero weight, and a NaN bit
-    pattern left in never-written memory would turn that into NaN.
-    """
-    shape = (num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
-    zeros = torch.zeros
-    return [
-        (zeros(shape, dtype=dtype, device=device), zeros(shape, dtype=dtype, device=device))
-        for _ in range(arch.num_layers)
-    ]

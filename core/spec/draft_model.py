@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+from rillet.core.attention.kv_cache import resolve_kv_dtype
 from rillet.core.build import load_model, load_tokenizer, max_model_len, resolve_precision, resolve_source
 from rillet.core.config import ConfigError, RilletConfig
 from rillet.core.engine.block_manager import BlockManager
@@ -169,7 +170,8 @@ def load_draft_drafter(
             "speculative.draft_model",
             f"its vocabulary ({model.arch.vocab_size}) is larger than the model's ({target.arch.vocab_size})",
         )
-    kv = allocate_kv_cache(model.arch, num_blocks, cfg.cache.block_size, dtype, device)
+    kv_dtype = resolve_kv_dtype(cfg.cache.dtype, dtype, device)  # the target pool's storage
+    kv = allocate_kv_cache(model.arch, num_blocks, cfg.cache.block_size, kv_dtype, device)
     runner = ModelRunner(model, kv, Sampler(model.arch.vocab_size, (), device), cfg.cache.block_size, device)
     log.info(
         "draft model %s: %d layers, %s weights, KV pool %d blocks",

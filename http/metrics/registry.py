@@ -129,6 +129,12 @@ def engine_samples(stats: Any, wakeups: int, active_streams: int) -> list[Sample
         ("rillet_kv_blocks_total", "KV cache blocks in the pool", "gauge", stats.kv_blocks_total),
         ("rillet_kv_cache_usage_ratio", "Fraction of KV blocks in use", "gauge", usage),
         (
+            "rillet_kv_cache_tokens_total",
+            "Tokens the KV pool holds (blocks x block size; cache.dtype decides how many fit its memory)",
+            "gauge",
+            stats.kv_tokens_total,
+        ),
+        (
             "rillet_prefix_cache_hit_rate",
             "Prompt tokens served from the prefix cache / prompt tokens",
             "gauge",

@@ -30,6 +30,8 @@ def test_yaml_file_and_overrides(tmp_path: Path) -> None:
         ({"nope": {}}, [], "nope"),
         ({"cache": {"block_size": "big"}}, [], "cache.block_size"),
         ({"cache": {"block_size": 12}}, [], "cache.block_size"),
+        ({"cache": {"dtype": "int4"}}, [], "cache.dtype"),
+        ({}, ["cache.dtype=fp8"], "cache.dtype"),
         ({}, ["scheduler.max_num_seqs=0"], "scheduler.max_num_seqs"),
         ({}, ["model.dtype=float64"], "model.dtype"),
         ({}, ["attention.flashinfer_prefill_backend=fa4"], "attention.flashinfer_prefill_backend"),

@@ -6,6 +6,7 @@ model as served: int4 weights, float32 activations, compiled in the tuned mode),
 1, 3, 8 and 17 rows (17 is above the largest bucket, 8: those steps run eager), while the pool is
 small enough to preempt and the token budget small enough to chunk prompts. No graph break
 (fullgraph=True raises on one), and no compile after the first two graphs (rows >= 2, rows == 1).
+One tiny model runs over an int8 KV pool (cache.dtype: the codes dequantized inside the step).
 """
 
 from __future__ import annotations
@@ -84,11 +85,14 @@ def _generate(c: Compiled, n: int, compiled: bool) -> list[list[int]]:
         c.graphs.compiled.ready = True
 
 
-@pytest.fixture(scope="module", params=["llama", "mistral", "qwen2"])
+@pytest.fixture(scope="module", params=["llama", "mistral", "qwen2", "llama+int8"])
 def tiny(request: pytest.FixtureRequest, tiny_hf_model: Any) -> Iterator[Compiled]:
-    folder, _ = tiny_hf_model(request.param)
+    """`+int8`: over an int8 KV pool (cache.dtype), dequantized inside the compiled step."""
+    family, _, kv_dtype = str(request.param).partition("+")
+    folder, _ = tiny_hf_model(family)
     # 20 blocks of 8 tokens: 17 sequences of up to 24 tokens do not fit at once, so some are preempted
-    yield from _compiled_llm({"path": str(folder), "kind": "hf"}, cache={"num_blocks": 20, "block_size": 8})
+    cache = {"num_blocks": 20, "block_size": 8, "dtype": kv_dtype or "auto"}
+    yield from _compiled_llm({"path": str(folder), "kind": "hf"}, cache=cache)
 
 
 def _spy_on_steps(c: Compiled) -> list[int]:

@@ -1,7 +1,7 @@
 """The speculative verify step compiled by torch.compile on CPU (graphs/verify.py) gives the same
 tokens as the eager verify step, in the whole engine, on a tiny model: batches of 1 (run as 2
 rows), 3 and 4 rows, drafts of every length up to k (rows padded to Q = 1 + k), no graph break,
-and no compile after the first verify graph."""
+and no compile after the first verify graph; over the default KV pool and an int8 one."""
 
 from __future__ import annotations
 
@@ -19,11 +19,13 @@ pytestmark = pytest.mark.compiled
 PROMPTS = [[(7 * i + 3 * k) % 250 + 1 for k in range(3 + 2 * i)] * 3 for i in range(4)]
 
 
-def test_compiled_verify_matches_eager(tiny_hf_model: Any) -> None:
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+def test_compiled_verify_matches_eager(tiny_hf_model: Any, kv_dtype: str) -> None:
     folder, _ = tiny_hf_model("llama")
     cfg = config_from_dict(
         {
             "model": {"path": str(folder), "kind": "hf", "dtype": "float32", "device": "cpu"},
+            "cache": {"dtype": kv_dtype},
             "graphs": {"enabled": "on", "buckets": [1, 2, 4, 8]},
             "speculative": {"method": "ngram", "num_tokens": 3, "max_batch": 4},
         }

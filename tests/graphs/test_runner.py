@@ -249,6 +249,6 @@ def test_decoder_padded_decode_matches_plain_forward() -> None:
             live.pop(step % len(live))
     assert runner.num_padded_eager == 8
     # padding rows wrote only to the dummy block: the two caches agree everywhere else
-    for (pk, pv), (qk, qv) in zip(plain_kv, padded_kv, strict=True):
+    for (pk, pv, _), (qk, qv, _) in zip(plain_kv, padded_kv, strict=True):
         torch.testing.assert_close(pk[1:], qk[1:], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(pv[1:], qv[1:], rtol=1e-5, atol=1e-5)

@@ -63,6 +63,7 @@ class FakeStats:
     generated_tokens: int
     cached_blocks: int
     busy_seconds: float = 0.0
+    kv_tokens_total: int = 0
     handoff_timeouts: int = 0
     device_wait_seconds: float = 0.0
 
@@ -180,6 +181,7 @@ class FakeEngine:
             waiting=len(self._waiting) + self._pending_adds,
             kv_blocks_used=used,
             kv_blocks_total=self.num_blocks,
+            kv_tokens_total=self.num_blocks * self.block_size,
             steps=self.steps,
             prompt_tokens=self.prompt_tokens,
             cached_prompt_tokens=0,

@@ -2,8 +2,9 @@
 tokens and bit-identical logprobs alone on a cold cache, inside a batch of 16 others of mixed
 lengths and sampling settings, after a partial and a full prefix-cache hit, with chunked prefill at
 several chunk sizes, after preemption and recomputation, and with overlapped steps; on the default
-model (int4 weights, int8 head) and on a tiny float32 Llama (padded dense matmuls). The compiled
-decode step is never used, so nothing switches paths mid-life."""
+model (int4 weights, int8 head) and on a tiny float32 Llama (padded dense matmuls), which also runs
+over an int8 KV pool ("tiny+int8": per-token scales, so what a row reads back is batch-invariant
+too). The compiled decode step is never used, so nothing switches paths mid-life."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import torch
 from determinism_harness import PROMPT_LEN, Answer, Harness, engine_config
 from rillet.core.config import config_from_dict
 from rillet.core.llm import LLM
@@ -20,16 +22,22 @@ TINY_VOCAB, DEFAULT_VOCAB = 256, 49152
 
 
 def _config(which: str, tiny_hf_model: Any, **engine: str) -> Any:
-    if which == "tiny":
+    if which.startswith("tiny"):
         folder, _ = tiny_hf_model("llama")
         cfg = engine_config(path=str(folder), kind="hf", dtype="float32")
     else:
         cfg = engine_config()
+    if which.endswith("+int8"):
+        cfg["cache"]["dtype"] = "int8"
     cfg["engine"].update(engine)
     return config_from_dict(cfg)
 
 
-@pytest.fixture(scope="module", params=["tiny", "default"])
+def _vocab(which: str) -> int:
+    return TINY_VOCAB if which.startswith("tiny") else DEFAULT_VOCAB
+
+
+@pytest.fixture(scope="module", params=["tiny", "default", "tiny+int8"])
 def which(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -37,7 +45,9 @@ def which(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="module")
 def harness(which: str, tiny_hf_model: Any) -> Iterator[Harness]:
     with LLM(_config(which, tiny_hf_model)) as llm:
-        yield Harness(llm, TINY_VOCAB if which == "tiny" else DEFAULT_VOCAB)
+        kv = llm.engine.core.runner.kv_caches[0]  # type: ignore[attr-defined]
+        assert (kv.k.dtype == torch.int8) == which.endswith("+int8")
+        yield Harness(llm, _vocab(which))
 
 
 @pytest.fixture(scope="module")
@@ -110,10 +120,10 @@ def test_the_compiled_decode_step_is_never_used(harness: Harness) -> None:
 def test_with_overlapped_steps(which: str, tiny_hf_model: Any, reference: Answer) -> None:
     with LLM(_config(which, tiny_hf_model, overlap="on")) as llm:
         assert llm.engine.overlap
-        h = Harness(llm, TINY_VOCAB if which == "tiny" else DEFAULT_VOCAB)
+        h = Harness(llm, _vocab(which))
         assert h.run().same(reference)
         assert h.run(h.others(16, 2, 40), at=5).same(reference)
-        if which == "tiny":
+        if which.startswith("tiny"):
             assert run_preempted(h).same(reference)
             h.set_chunk(17)
             assert h.run(h.others(3, 2, 30), at=1).same(reference)

@@ -1,7 +1,7 @@
 """Tensor parallelism gives the same greedy tokens as one rank, in float32: random tiny Llama /
 Mistral / Qwen2 / Gemma 2 / Qwen3-MoE (8 query / 4 KV heads) at TP=2 and the default SmolLM2
 (9 query / 3 KV heads) at TP=3, batched, in a pool small enough to preempt, with chunked prefill
-and prefix-cache hits."""
+and prefix-cache hits; one tiny Llama over an int8 KV pool."""
 
 from __future__ import annotations
 
@@ -50,21 +50,23 @@ def tokens(outs: list[list[RequestOutput]]) -> list[list[list[int]]]:
 
 
 @pytest.mark.parametrize(
-    ("model_type", "overrides", "overlap"),
+    ("model_type", "overrides", "overlap", "kv_dtype"),
     [
-        ("llama", {}, "auto"),
+        ("llama", {}, "auto", "auto"),
         # overlapped steps: a decode's input token is the previous launch's, read on the device
-        ("llama", {}, "on"),
-        ("mistral", {"sliding_window": None}, "auto"),
-        ("qwen2", {"tie_word_embeddings": True}, "auto"),
+        ("llama", {}, "on", "auto"),
+        # an int8 KV pool: each rank quantizes its own KV heads, per token and head as one rank does
+        ("llama", {}, "auto", "int8"),
+        ("mistral", {"sliding_window": None}, "auto", "auto"),
+        ("qwen2", {"tie_word_embeddings": True}, "auto", "auto"),
         # a dense family with sliding windows (8), soft-caps and sandwich norms, and an MoE one
         # (experts split along their intermediate dim, the router replicated, a dense layer)
-        ("gemma2", {}, "auto"),
-        ("qwen3_moe", {}, "auto"),
+        ("gemma2", {}, "auto", "auto"),
+        ("qwen3_moe", {}, "auto", "auto"),
     ],
 )
 def test_tiny_models_tp2_match_tp1(
-    tiny_hf_model: Any, model_type: str, overrides: dict[str, Any], overlap: str
+    tiny_hf_model: Any, model_type: str, overrides: dict[str, Any], overlap: str, kv_dtype: str
 ) -> None:
     folder, _ = tiny_hf_model(model_type, **TINY_TP, **overrides)
     batches = list(tiny_prompts())
@@ -73,7 +75,7 @@ def test_tiny_models_tp2_match_tp1(
         return config_from_dict(
             {
                 "model": {"path": str(folder), "kind": "hf", "dtype": "float32", "num_threads": 1},
-                "cache": {"num_blocks": 10, "block_size": 8},
+                "cache": {"num_blocks": 10, "block_size": 8, "dtype": kv_dtype},
                 "scheduler": {"max_num_batched_tokens": 16, "max_num_seqs": 4},
                 "parallel": {"tensor_parallel_size": tp},
                 "engine": {"overlap": overlap},

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 from rillet.core.config import config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.sampling_params import SamplingParams
@@ -86,6 +87,32 @@ def test_eviction_under_a_small_pool_keeps_outputs_and_integrity(reference: list
     try:
         assert outs == reference
         assert llm.engine.core.blocks.stats.evictions > 0
+        llm.engine.core.blocks.check_integrity()
+        assert llm.engine.core.blocks.num_used == 0
+    finally:
+        llm.close()
+
+
+@pytest.fixture(scope="module")
+def int8_reference() -> list[list[int]]:
+    outs, llm = run({"prefix_caching": False, "num_blocks": 128, "dtype": "int8"})
+    llm.close()
+    return outs
+
+
+@pytest.mark.parametrize(("num_blocks", "block_size"), [(128, 16), (14, 8)], ids=["hits", "evicts"])
+def test_int8_pool_hits_give_the_tokens_of_misses(
+    int8_reference: list[list[int]], num_blocks: int, block_size: int
+) -> None:
+    """cache.dtype int8: a prefix-cache hit reads the codes a miss wrote and attended over (every
+    attention sees K/V as the cache stores them), so hits, evictions and preemptions (14 blocks of
+    8 tokens) change no token; the pool is whole afterwards."""
+    cache = {"prefix_caching": True, "num_blocks": num_blocks, "block_size": block_size, "dtype": "int8"}
+    outs, llm = run(cache)
+    try:
+        assert llm.engine.core.runner.kv_caches[0].k.dtype == torch.int8  # type: ignore[attr-defined]
+        assert outs == int8_reference
+        assert llm.engine.core.blocks.stats.hit_tokens > 0
         llm.engine.core.blocks.check_integrity()
         assert llm.engine.core.blocks.num_used == 0
     finally:

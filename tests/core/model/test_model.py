@@ -259,16 +259,22 @@ def test_longrope_long_factors_past_the_original_context(tiny_hf_model: Any) -> 
     torch.testing.assert_close(model.rope.cos_sin(positions)[0][:, 0], cos_ref[0], atol=1e-6, rtol=0)
 
 
-def test_kv_cache_is_separate_zeroed_tensors_per_layer(tiny_hf_model: Any) -> None:
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int8])
+def test_kv_cache_is_separate_zeroed_tensors_per_layer(tiny_hf_model: Any, dtype: torch.dtype) -> None:
     folder, _ = tiny_hf_model("llama")
     arch, _ = load_hf_folder(folder)
-    kv = allocate_kv_cache(arch, 10, BLOCK, torch.bfloat16, "cpu")
+    kv = allocate_kv_cache(arch, 10, BLOCK, dtype, "cpu")
     assert len(kv) == arch.num_layers
     storages = set()
-    for k, v in kv:
+    for k, v, scales in kv:
         assert k.shape == v.shape == (10, BLOCK, arch.num_kv_heads, arch.head_dim)
-        assert k.dtype == torch.bfloat16 and k.is_contiguous() and v.is_contiguous()
+        assert k.dtype == dtype and k.is_contiguous() and v.is_contiguous()
         storages |= {k.untyped_storage().data_ptr(), v.untyped_storage().data_ptr()}
         assert not k.any() and not v.any()
+        # int8 codes carry a float32 scale per token per KV head, zeroed and unaliased as well
+        assert (scales is not None) == (dtype == torch.int8)
+        for s in scales or ():
+            assert s.shape == (10, BLOCK, arch.num_kv_heads) and s.dtype == torch.float32 and not s.any()
+            storages.add(s.untyped_storage().data_ptr())
     # no two alias: the compiled decode step writes them in place (aliased inputs would be copied)
-    assert len(storages) == 2 * arch.num_layers
+    assert len(storages) == (4 if dtype == torch.int8 else 2) * arch.num_layers

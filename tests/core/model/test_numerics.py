@@ -10,6 +10,11 @@ x86 machine exercises more than one kernel path, and each run must show that the
     agreements under teacher forcing along the float32 answers (whole-answer equality over a
     handful of prompts is decided by one early near-tie, too coarse for a test; the benchmark
     reports it over all 48 prompts).
+The same default config over an int8 KV pool (`cache.dtype: int8`, a variant run in the same
+subprocess) must answer Paris and agree under teacher forcing at least as often as transformers
+bf16; its mean logit error is held within INT8_ERR_MARGIN of transformers bf16's, not below it:
+int8 rounding of K/V alone moves it by about +-0.006 (four equivalent Hadamard rotations gave
+0.104-0.117 against bf16's 0.109 on these 16 prompts), so "below" would be a coin flip.
 """
 
 from __future__ import annotations
@@ -34,21 +39,25 @@ CAPS = {
 # in this subprocess and in pytest's process got two Inductor cache entries (their generated code
 # differs only in the AOT id, i.e. the process's count of compiles), so neither finds the other.
 DECODE = {"native": ["--set", "graphs.enabled=off"], "avx2": ["--set", "graphs.enabled=off"]}
+INT8 = "cache.dtype=int8"
+INT8_ERR_MARGIN = 1.15
 
 
 @pytest.mark.skipif(not int4_supported(), reason="no CPU int4 kernel in this torch")
+@pytest.mark.timeout(1200)  # three rillet runs and two transformers runs; a loaded box doubles it
 @pytest.mark.parametrize("cap", list(CAPS))
 def test_default_numerics_stay_close_to_float32_under_isa_cap(cap: str, tmp_path: Path) -> None:
     out = tmp_path / "agreement.json"
     env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
     args = ["--prompts", "16", "--tokens", "24", "--quick", "--out", str(out), *DECODE[cap]]
+    args += ["--variant", INT8]
     r = subprocess.run(
         [sys.executable, "-m", "bench.engine.numerics_agreement", *args],
         cwd=REPO,
         env=env | CAPS[cap],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1100,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
@@ -59,3 +68,8 @@ def test_default_numerics_stay_close_to_float32_under_isa_cap(cap: str, tmp_path
     ours, theirs = res["default_forced"], res["hf_bf16_forced"]
     assert ours["mean_abs_logit_err"] < theirs["mean_abs_logit_err"], res
     assert ours["argmax_agree"] >= theirs["argmax_agree"], res
+    int8 = res["variants"][INT8]
+    assert int8["run"] == "int4/float32" and int8["decode"] == "eager"
+    assert "Paris" in int8["france"], int8["france"]
+    assert int8["forced"]["argmax_agree"] >= theirs["argmax_agree"], res
+    assert int8["forced"]["mean_abs_logit_err"] < INT8_ERR_MARGIN * theirs["mean_abs_logit_err"], res

@@ -34,6 +34,8 @@ def test_health_and_metrics(synth_server: BackgroundServer) -> None:
     assert _value(text, "rillet_time_to_first_token_seconds_count") == 3
     assert _value(text, "rillet_inter_token_latency_seconds_count") == 12
     assert _value(text, "rillet_kv_blocks_total") == engine.stats().kv_blocks_total
+    stats = engine.stats()
+    assert _value(text, "rillet_kv_cache_tokens_total") == stats.kv_blocks_total * engine.cfg.cache.block_size
     for name in (
         "rillet_kv_blocks_used",
         "rillet_num_requests_running",
