@@ -33,8 +33,11 @@ typecheck: $(STAMP)
 	ln -s ../../../graphs $(TYPECHECK)/rillet/graphs
 	cd $(TYPECHECK) && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p rillet
 
+# Two workers, one core and one torch thread each (tests/conftest.py), a module per worker at a time
+# (its module-scoped fixtures, such as a compiled model, are built once): about half the time of one.
+JOBS ?= 2
 unit: $(STAMP)
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n $(JOBS) --dist loadfile
 
 test: lint typecheck unit
 

@@ -16,6 +16,15 @@ from tiny_models.lora_adapters import ADAPTERS, NEW, PROMPTS, greedy, make_adapt
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a model folder's path is never looked up on a hub
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`make test` runs two workers) each worker gets one core: one torch thread
+    per worker and per process it starts. Two workers of two threads each would oversubscribe the
+    two cores, and OpenMP's spin-waiting turns that into a slowdown of several times."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
 TinyHFModel = Callable[..., tuple[Path, Any]]  # (model_type, **config overrides) -> (folder, HF model)
 
 TINY_DEFAULTS: dict[str, Any] = {

@@ -47,7 +47,8 @@ def two_hosts(tiny_hf_model: Any) -> Iterator[tuple[Rillet, Rillet, str]]:
 
 def test_two_hosts_answer_as_one_rank(two_hosts: tuple[Rillet, Rillet, str]) -> None:
     server, worker, folder = two_hosts
-    assert "rank 1 rillet.core.distributed.worker: ready" in worker.log, worker.log
+    # the worker's log is read by a thread: its line may land after the server's (seen under xdist)
+    worker.wait_for_line("rank 1 rillet.core.distributed.worker: ready", 60)
     cfg = config_from_dict({"model": {"path": folder, "kind": "hf", "dtype": "float32", "num_threads": 1}})
     with LLM(cfg) as llm:
         params = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
