@@ -101,6 +101,14 @@ class SamplingParams:
         """Before min_tokens outputs, EOS and stop_token_ids are masked (when there are any)."""
         return num_generated < self.min_tokens and bool(eos_token_ids or self.stop_token_ids)
 
+    def greedy_without_logprobs(self) -> bool:
+        """The token is the argmax of the final logits (after the grammar mask, bias, penalties and
+        the min_tokens mask) and no distribution is returned: a grammar may check that one token
+        instead of masking the whole row up front (core/structured/masks.py's lazy rows). The -inf
+        of a mask commutes with bias, penalties and the min_tokens mask, so the argmax over the
+        allowed tokens is the same in either order."""
+        return self.temperature < GREEDY_EPS and self.logprobs is None
+
     def plain_greedy(self, num_generated: int, eos_token_ids: tuple[int, ...]) -> bool:
         """The token is the argmax of the (grammar-masked) logits and nothing else is read from
         them: greedy, no penalties, no logit bias, no logprobs, no min_tokens mask in force."""

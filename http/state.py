@@ -69,6 +69,7 @@ class ServerState:
             max_prompts=cfg.scheduler.max_waiting,
             json_options=json_options(cfg.structured.whitespace),
             max_tool_calls=cfg.structured.max_tool_calls,
+            grammar_repetition_penalty=cfg.structured.repetition_penalty,
             adapters=getattr(engine, "lora", None) or frozenset(),  # the live registry (core/lora/)
         )
         disp = Dispatcher(

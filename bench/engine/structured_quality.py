@@ -5,6 +5,9 @@ T = 0.7 with three seeds, offline on the default model: the share of answers tha
 `stop` and parse (and validate against their schema), and the mean output length, under
 `structured.whitespace` compact vs flexible, beside the unconstrained answers (their first
 fenced ```json block, or the whole text, parsed: how often the model gets it right by itself).
+Constrained requests get what the server gives one that sets no penalty: the repetition penalty
+`structured.repetition_penalty` (core/structured/defaults.py); `--set
+structured.repetition_penalty=1.0` measures them without it.
 
     .venv/bin/python -m bench.engine.structured_quality [--modes compact flexible none] [--max-tokens 400]
 """
@@ -223,6 +226,7 @@ def run_mode(mode: str, max_tokens: int, sets: list[str]) -> list[dict[str, Any]
     from rillet.core.llm import LLM
     from rillet.core.sampling_params import SamplingParams
     from rillet.core.sequence import FinishReason
+    from rillet.core.structured.defaults import constrained_penalty
     from rillet.core.structured.spec import GrammarSpec
 
     whitespace = "compact" if mode == "none" else mode
@@ -244,8 +248,12 @@ def run_mode(mode: str, max_tokens: int, sets: list[str]) -> list[dict[str, Any]
                         if schema is None
                         else GrammarSpec("json_schema", json.dumps(schema))
                     )
+                # what the server gives a request that sets no penalty (structured.repetition_penalty)
+                penalty = constrained_penalty({}, grammar, llm.engine.cfg.structured.repetition_penalty)
                 params.append(
-                    SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, grammar=grammar)
+                    SamplingParams(
+                        max_tokens=max_tokens, temperature=temperature, seed=seed, grammar=grammar, **penalty
+                    )
                 )
             t0 = time.perf_counter()
             outs = llm.generate(prompts, params)

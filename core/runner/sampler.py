@@ -200,7 +200,7 @@ class Sampler:
             index = self._index(lp_rows)
             logprobs = logits[index].log_softmax(dim=-1)  # [L, V]
         tokens = self._choose(logits, seqs)  # [B] long
-        if mask is not None:  # lazy rows are plain greedy: nothing above changed their logits
+        if mask is not None:  # lazy rows are greedy: their token is the argmax of these logits
             tokens = mask.fix_lazy(logits, tokens)
         if logprobs is None:
             return DeviceSample(tokens)

@@ -9,13 +9,15 @@ calls `PendingMask.apply(logits)`, which waits for the fill and masks those rows
 a grammar are never touched. Masks are applied to the logits after the model (outside any compiled
 or captured graph), so they compose with compiled and graphed decode steps.
 
-Lazy rows (`lazy=True`, `structured.lazy_masks`): a plain greedy row (no logprobs, penalties or
-active min_tokens) gets no mask up front. The sampler takes its unmasked argmax and
-`PendingMask.fix_lazy` asks the matcher whether that token is allowed (`validate_tokens`, a few
-microseconds); only when it is not is the row's mask filled and the argmax taken again over the
-allowed tokens. The token is the same as with a full mask: the masked argmax equals the unmasked
-one whenever the unmasked one is allowed (ties included: argmax takes the first maximum either
-way). llama.cpp's sampler checks its grammar the same way. It saves the fill's CPU time, which
+Lazy rows (`lazy=True`, `structured.lazy_masks`): a greedy row without logprobs gets no mask up
+front. The sampler takes its argmax over the unmasked logits (after bias, penalties and the
+min_tokens mask) and `PendingMask.fix_lazy` asks the matcher whether that token is allowed
+(`validate_tokens`, a few microseconds); only when it is not is the row's mask filled and the
+argmax taken again over the allowed tokens of the same logits. The token is the same as with a
+full mask: the masked argmax equals the unmasked one whenever the unmasked one is allowed (ties
+included: argmax takes the first maximum either way), and a -inf commutes with the bias and
+penalties (constrained requests get a repetition penalty by default: structured/defaults.py).
+llama.cpp's sampler checks its grammar the same way. It saves the fill's CPU time, which
 on a CPU model is taken from the forward's threads; the price is a device->host read of the
 tokens, so `auto` keeps it off on CUDA.
 """
@@ -148,7 +150,7 @@ class MaskFiller:
     def __init__(self, vocab_size: int, eos_token_ids: tuple[int, ...], lazy: bool = False) -> None:
         import llguidance
 
-        self.lazy = lazy  # plain greedy rows: mask only when the unmasked argmax is refused
+        self.lazy = lazy  # greedy rows without logprobs: mask only when their argmax is refused
         self.vocab_size = vocab_size  # = the grammar tokenizer's n_vocab
         self.words = (vocab_size + 31) // 32
         self.eos_token_ids = eos_token_ids
@@ -170,11 +172,7 @@ class MaskFiller:
                 g.sync(seqs[i].output_ids)
             except Exception:  # the engine fails the request on its own accept; here: EOS only
                 log.debug("grammar of sequence %d is broken", seqs[i].seq_id, exc_info=True)
-            if (
-                self.lazy
-                and not g.failed
-                and seqs[i].params.plain_greedy(seqs[i].num_generated, self.eos_token_ids)
-            ):
+            if self.lazy and not g.failed and seqs[i].params.greedy_without_logprobs():
                 lazy.append((i, g.matcher))
             else:
                 filled.append((i, g))

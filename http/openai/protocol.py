@@ -51,6 +51,8 @@ class Limits:
     # use the same) and the cap on parallel calls (structured.max_tool_calls)
     json_options: dict[str, str | bool] = dataclasses.field(default_factory=lambda: dict(FLEXIBLE))
     max_tool_calls: int = 8
+    # a constrained request that sets no penalty gets this repetition penalty (structured.repetition_penalty)
+    grammar_repetition_penalty: float = 1.0
     # the LoRA adapters a request may name as `model` (the engine's live registry: adapters load
     # and unload while serving)
     adapters: Container[str] = frozenset()
@@ -246,7 +248,7 @@ def _build(
             "'stream_options.include_usage' must be a boolean", param="stream_options.include_usage"
         )
     max_tokens = opt_int(body, max_tokens_field, 1, limits.max_tokens_cap)
-    base = sampling_params(body, logprobs, grammar, limits.vocab_size)
+    base = sampling_params(body, logprobs, grammar, limits.vocab_size, limits.grammar_repetition_penalty)
     params = [
         fit_context(
             base,

@@ -11,6 +11,7 @@ from typing import Any
 
 from rillet.core.errors import RequestError
 from rillet.core.sampling_params import SamplingParams
+from rillet.core.structured.defaults import constrained_penalty
 from rillet.core.structured.spec import GrammarSpec
 from rillet.http.openai.errors import ApiError, bad_request
 from rillet.http.openai.fields import Body, opt_bool, opt_float, opt_int, opt_int_list, opt_str_list
@@ -27,8 +28,14 @@ FLOAT_FIELDS = (
 
 
 def sampling_params(
-    body: Body, logprobs: int | None, grammar: GrammarSpec | None, vocab_size: int | None
+    body: Body,
+    logprobs: int | None,
+    grammar: GrammarSpec | None,
+    vocab_size: int | None,
+    grammar_repetition_penalty: float = 1.0,
 ) -> SamplingParams:
+    """`grammar_repetition_penalty`: what a constrained request that sets no penalty gets
+    (core/structured/defaults.py)."""
     kwargs: dict[str, Any] = {name: opt_float(body, name) for name in FLOAT_FIELDS}
     kwargs["top_k"] = opt_int(body, "top_k")
     kwargs["seed"] = opt_int(body, "seed")
@@ -41,6 +48,7 @@ def sampling_params(
     kwargs["grammar"] = grammar
     kwargs["logit_bias"] = parse_logit_bias(body.get("logit_bias"), vocab_size)
     given = {k: v for k, v in kwargs.items() if v is not None}
+    given.update(constrained_penalty(given, grammar, grammar_repetition_penalty))
     # max_tokens is settled per prompt later; a large placeholder keeps min_tokens checkable now.
     return make_params(dict(given, max_tokens=2**31 - 1))
 

@@ -48,6 +48,7 @@ def test_yaml_file_and_overrides(tmp_path: Path) -> None:
         ({}, ["server.max_connections=1.5"], "server.max_connections"),
         ({}, ["server.over_capacity=503"], "server.over_capacity"),
         ({}, ["server.over_capacity=drop"], "server.over_capacity"),
+        ({}, ["structured.repetition_penalty=0"], "structured.repetition_penalty"),
     ],
 )
 def test_errors_name_the_key(data: dict, overrides: list[str], key: str) -> None:

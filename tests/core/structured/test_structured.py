@@ -106,25 +106,36 @@ def test_masks_touch_constrained_rows_only(compiler: GrammarCompiler, tok: Token
     filler.close()
 
 
+@pytest.mark.parametrize("penalised", [False, True])
 @pytest.mark.parametrize("rows", [3, 8])
 def test_lazy_masks_give_the_tokens_of_full_masks(
-    compiler: GrammarCompiler, tok: Tokenizer, rows: int
+    compiler: GrammarCompiler, tok: Tokenizer, rows: int, penalised: bool
 ) -> None:
     """Greedy rows: unmasked argmax kept when the grammar allows it, else the masked argmax; the
     tokens equal a full mask's, on logits whose argmax is allowed in some rows and not in others.
-    Rows with logprobs stay on the full mask (their logprobs must be masked ones)."""
+    Rows with logprobs stay on the full mask (their logprobs must be masked ones). `penalised`:
+    the rows carry a repetition penalty and a logit bias (as constrained requests do by default,
+    core/structured/defaults.py), which the lazy check sees: still lazy, still a full mask's tokens."""
     full, lazy = MaskFiller(49152, tok.eos_token_ids), MaskFiller(49152, tok.eos_token_ids, lazy=True)
     prefix = tok.encode('{"n": ', add_special_tokens=False)
     digit = tok.encode("7", add_special_tokens=False)[0]
     gen = torch.Generator().manual_seed(rows)
     logits = torch.randn(rows, 49152, generator=gen)
     logits[::2, digit] = 50.0  # even rows: the unmasked argmax is an allowed digit; odd: refused
+    refused = int(logits[1].argmax())  # row 1's unmasked top token, which its grammar refuses
     sampler = Sampler(49152, tok.eos_token_ids, torch.device("cpu"))
+    # the penalty lowers the prefix's tokens; the bias lifts row 1's refused top token further
+    # (nothing changes which tokens are allowed) and a digit on every row
+    extra: dict[str, Any] = (
+        {"repetition_penalty": 1.5, "logit_bias": {refused: 5.0, digit + 1: 3.0}} if penalised else {}
+    )
 
     def seqs(logprobs_row: int | None) -> list[Seq]:
         out = [_seq(i, compiler.matcher(SPEC) if i != 0 else None, prefix) for i in range(rows)]
+        for s in out:
+            s.params = SamplingParams(temperature=0.0, **extra)
         if logprobs_row is not None:
-            out[logprobs_row].params = SamplingParams(temperature=0.0, logprobs=2)
+            out[logprobs_row].params = SamplingParams(temperature=0.0, logprobs=2, **extra)
         return out
 
     misses = 0

@@ -118,3 +118,28 @@ def test_completion_errors(body: dict[str, Any], param: str, code: str | None) -
 def test_integral_floats_are_integers() -> None:
     gen = parse_completion({"model": "m", "prompt": "x", "max_tokens": 3.0, "n": 2.0}, TOK, LIMITS)
     assert gen.params[0].max_tokens == 3 and gen.n == 2
+
+
+@pytest.mark.parametrize(
+    ("fields", "want"),
+    [
+        ({}, (1.1, 0.0, 0.0)),  # constrained, no penalty set: the server's default
+        ({"repetition_penalty": 1.0}, (1.0, 0.0, 0.0)),  # set, even to 1.0: kept as set
+        ({"frequency_penalty": 0.5}, (1.0, 0.0, 0.5)),
+        ({"presence_penalty": 0.0}, (1.0, 0.0, 0.0)),
+    ],
+)
+def test_constrained_requests_get_the_default_repetition_penalty(
+    fields: dict[str, Any], want: tuple[float, float, float]
+) -> None:
+    """structured.repetition_penalty (core/structured/defaults.py): only for a request with a grammar
+    that set none of the three penalties; an unconstrained request never gets it."""
+    limits = Limits("m", 100, 80, 50, 4, vocab_size=257, grammar_repetition_penalty=1.1)
+    fmt = {"response_format": {"type": "json_object"}}
+    p = parse_chat(chat(**fmt, **fields), TOK, limits).params[0]
+    assert p.grammar is not None
+    assert (p.repetition_penalty, p.presence_penalty, p.frequency_penalty) == want
+    plain = parse_chat(chat(), TOK, limits).params[0]
+    assert plain.grammar is None and not plain.has_penalties
+    off = Limits("m", 100, 80, 50, 4, vocab_size=257)  # structured.repetition_penalty: 1.0
+    assert not parse_chat(chat(**fmt), TOK, off).params[0].has_penalties
