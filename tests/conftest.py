@@ -25,6 +25,7 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
 
+
 TinyHFModel = Callable[..., tuple[Path, Any]]  # (model_type, **config overrides) -> (folder, HF model)
 
 TINY_DEFAULTS: dict[str, Any] = {
