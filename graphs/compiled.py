@@ -289,7 +289,7 @@ class CompiledDecode:
         """A failed verify compile leaves verify steps eager; the decode graphs stay in use."""
         try:
             with frozen_weights(self._weights_key):
-                verify.compile()
+                verify.compile(self._stopping.is_set)
             self.seconds["verify"] = verify.seconds
         except Exception as exc:
             verify.failed = _summary(exc)

@@ -202,6 +202,13 @@ class GraphRunner:
         bucket = select_bucket(b, self.verify_buckets) if b <= self.verify_buckets[-1] else None
         return bucket is not None and bucket in self._verify_graphs
 
+    def verify_queries_for(self, longest: int) -> int:
+        """Q of a verify step through the graph whose longest row holds `longest` tokens: the
+        compiled step's Q is dynamic; a captured CUDA graph has the one Q it was captured with."""
+        if self.verify_compiled is not None:
+            return CompiledVerify.queries_for(longest)
+        return self.verify_queries
+
     def run_verify(self, batch: VerifyBatch) -> torch.Tensor:  # [b * Q, ...]
         """One verify step through its graph (call only when takes_verify says so)."""
         assert self.verify_static is not None
@@ -209,7 +216,7 @@ class GraphRunner:
         vmodel = cast(VerifyModel, self.model)
         self.num_verify_runs += 1
         if self.verify_compiled is not None:
-            rows = CompiledVerify.rows_for(b)
+            rows = self.verify_compiled.rows_for(b)
             width = min(max(batch.block_tables.shape[1], MIN_WIDTH), self.verify_static.max_blocks_per_seq)
             inputs = self.verify_static.fill(batch, rows, width)
             vmodel.prepare_verify(inputs)

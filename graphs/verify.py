@@ -1,11 +1,15 @@
 """The speculative verify step as a graph: static buffers, and its compiled CPU function.
 
-A verify step feeds Q = 1 + k query tokens per row (graphs/interface.py VerifyBatch); Q is fixed
-per engine (speculative.num_tokens), so a row with a shorter draft is padded to Q, and the step
-keeps one shape per row count. On CPU the forward is compiled like the decode step (the row count
-and the block-table width dynamic: one graph for every batch of 2 rows and more; a batch of 1
-runs as 2 rows, the second a padding row), after the decode graphs, on the same background
-thread. On CUDA graphs/runner.py captures it per batch-size bucket up to speculative.max_batch.
+A verify step feeds Q query tokens per row (graphs/interface.py VerifyBatch): each row's last token
+and its draft, padded to the step's longest row. On CPU the forward is compiled like the decode
+step: the row count, Q and the block-table width are dynamic (symbolic) dimensions, so one graph
+serves every step of 2 rows and more whatever its drafts' lengths, and a second graph (compiled
+after it) serves a single row, which dynamo always specialises. Before that second graph is ready,
+a single row runs as 2 rows (the second a padding row). Padding a batch-1 step to 2 rows and every
+row to 1 + speculative.num_tokens queries cost a verify step about twice a plain decode step on
+the default model (10 query rows instead of 1 + k), which ate most of what accepted drafts gain.
+On CUDA graphs/runner.py captures it per batch-size bucket up to speculative.max_batch, with Q
+fixed at 1 + speculative.num_tokens (a captured graph has one shape).
 """
 
 from __future__ import annotations
@@ -29,17 +33,21 @@ from rillet.graphs.interface import (
 logger = logging.getLogger(__name__)
 
 COMPILE_ROWS, COMPILE_WIDTH = 2, 3  # as the decode step's (graphs/compiled.py)
+# Q of the compile's example batch: distinct from the rows and the width, so that dynamo keeps
+# three symbols (equal example sizes would share one and specialise on their equality)
+COMPILE_QUERIES = 5
+MIN_QUERIES = 2  # a verify row holds its last token and at least one draft token
 
 
 @dataclass
 class VerifyBuffers:
-    input_ids: torch.Tensor  # [N * Q] int64, viewed [n, Q]
+    input_ids: torch.Tensor  # [N * Q] int64, viewed [n, q] for any q <= Q
     positions: torch.Tensor  # [N * Q] int64
     slot_mapping: torch.Tensor  # [N * Q] int64
     seq_lens: torch.Tensor  # [N] int32
     query_lens: torch.Tensor  # [N] int32
     block_tables: torch.Tensor  # [N * W] int32, viewed [n, width]
-    num_queries: int  # Q
+    num_queries: int  # Q: the most queries a row may have
     max_blocks_per_seq: int  # W
 
     @classmethod
@@ -66,16 +74,17 @@ class VerifyBuffers:
         return self.seq_lens.shape[0]
 
     def fill(self, batch: VerifyBatch, rows: int, width: int | None = None) -> VerifyBatch:
-        """Copies batch's b rows into rows [0, b), padding rows into [b, rows); returns the view."""
-        b, w, q = batch.num_rows, batch.block_tables.shape[1], self.num_queries
+        """Copies batch's b rows into rows [0, b), padding rows into [b, rows); returns the view
+        (rows x the batch's own Q)."""
+        b, w, q = batch.num_rows, batch.block_tables.shape[1], batch.num_queries
         width = self.max_blocks_per_seq if width is None else width
         if (
-            batch.num_queries != q
+            q > self.num_queries
             or not 1 <= b <= rows <= self.max_rows
             or not w <= width <= self.max_blocks_per_seq
         ):
             raise ValueError(
-                f"cannot place a {b}x{batch.num_queries} verify batch in {rows}x{q} (width {width})"
+                f"cannot place a {b}x{q} verify batch in {rows}x{self.num_queries} (width {width})"
             )
         self.input_ids[: b * q].copy_(batch.input_ids.reshape(-1), non_blocking=True)
         self.positions[: b * q].copy_(batch.positions.reshape(-1), non_blocking=True)
@@ -86,19 +95,21 @@ class VerifyBuffers:
         tables[:b, :w].copy_(batch.block_tables, non_blocking=True)
         tables[:b, w:].fill_(PAD_BLOCK)
         if b < rows:
-            self._pad(b, rows, width)
+            self._pad(b, rows, width, q)
         pad = rows - b
         return self.view(
-            rows, [*batch.seq_lens_cpu, *[PAD_SEQ_LEN] * pad], [*batch.query_lens_cpu, *[1] * pad], width
+            rows, q, [*batch.seq_lens_cpu, *[PAD_SEQ_LEN] * pad], [*batch.query_lens_cpu, *[1] * pad], width
         )
 
-    def padding(self, rows: int, width: int | None = None) -> VerifyBatch:
+    def padding(self, rows: int, width: int | None = None, queries: int | None = None) -> VerifyBatch:
         width = self.max_blocks_per_seq if width is None else width
-        self._pad(0, rows, width)
-        return self.view(rows, [PAD_SEQ_LEN] * rows, [1] * rows, width)
+        q = self.num_queries if queries is None else queries
+        self._pad(0, rows, width, q)
+        return self.view(rows, q, [PAD_SEQ_LEN] * rows, [1] * rows, width)
 
-    def view(self, rows: int, seq_lens_cpu: list[int], query_lens_cpu: list[int], width: int) -> VerifyBatch:
-        q = self.num_queries
+    def view(
+        self, rows: int, q: int, seq_lens_cpu: list[int], query_lens_cpu: list[int], width: int
+    ) -> VerifyBatch:
         return VerifyBatch(
             input_ids=self.input_ids[: rows * q].view(rows, q),
             positions=self.positions[: rows * q].view(rows, q),
@@ -110,8 +121,7 @@ class VerifyBuffers:
             query_lens_cpu=query_lens_cpu,
         )
 
-    def _pad(self, start: int, stop: int, width: int) -> None:
-        q = self.num_queries
+    def _pad(self, start: int, stop: int, width: int, q: int) -> None:
         self.input_ids[start * q : stop * q].fill_(PAD_TOKEN_ID)
         self.positions[start * q : stop * q].fill_(PAD_POSITION)
         self.slot_mapping[start * q : stop * q].fill_(PAD_SLOT)
@@ -120,25 +130,27 @@ class VerifyBuffers:
         self.block_tables[start * width : stop * width].fill_(PAD_BLOCK)
 
 
-def mark_verify_dynamic(batch: VerifyBatch, strict: bool = True) -> None:
-    """The row count and the block-table width as symbols (Q stays a constant). Not `strict`: a
-    model that specialises one recompiles instead of failing (CUDA capture, as the decode step's)."""
+def mark_verify_dynamic(
+    batch: VerifyBatch, strict: bool = True, rows: bool = True, queries: bool = False
+) -> None:
+    """The block-table width, the row count (unless `rows` is False: the batch-1 graph) and Q (if
+    `queries`: the compiled CPU step) as symbols. Not `strict`: a model that specialises one
+    recompiles instead of failing (CUDA capture, as the decode step's)."""
     mark = torch._dynamo.mark_dynamic if strict else torch._dynamo.maybe_mark_dynamic
     mark(batch.block_tables, 1)
-    for t in (
-        batch.input_ids,
-        batch.positions,
-        batch.slot_mapping,
-        batch.seq_lens,
-        batch.query_lens,
-        batch.block_tables,
-    ):
-        mark(t, 0)
+    per_query = (batch.input_ids, batch.positions, batch.slot_mapping)
+    if queries:
+        for t in per_query:
+            mark(t, 1)
+    if rows:
+        for t in (*per_query, batch.seq_lens, batch.query_lens, batch.block_tables):
+            mark(t, 0)
 
 
 class CompiledVerify:
-    """The compiled verify function of one model (CPU); `compile()` runs on the decode step's
-    compile thread after the decode graphs (graphs/compiled.py)."""
+    """The compiled verify functions of one model (CPU): `compile()` runs on the decode step's
+    compile thread after the decode graphs (graphs/compiled.py): the graph of 2 rows and more
+    first (`ready`), then the single-row one (`ready_1`)."""
 
     def __init__(
         self,
@@ -150,27 +162,42 @@ class CompiledVerify:
     ) -> None:
         self.model = model
         self.fn = fn
-        self.num_queries = num_queries
+        self.num_queries = num_queries  # the most queries a row has (1 + speculative.num_tokens)
         width = max(max_blocks_per_seq, COMPILE_WIDTH)
-        self._warm = VerifyBuffers.allocate(COMPILE_ROWS, num_queries, width, device)
+        self._warm = VerifyBuffers.allocate(COMPILE_ROWS, max(num_queries, COMPILE_QUERIES), width, device)
         self.ready = False
+        self.ready_1 = False
         self.failed: str | None = None
         self.seconds = 0.0
 
-    def compile(self) -> None:
+    def compile(self, stopping: Callable[[], bool] = lambda: False) -> None:
         start = time.perf_counter()
-        batch = self._warm.padding(COMPILE_ROWS, COMPILE_WIDTH)
-        mark_verify_dynamic(batch)
+        self._run_example(COMPILE_ROWS)
+        self.ready = True
+        self.seconds = time.perf_counter() - start
+        logger.info("verify step compiled in %.1f s (2 rows and more, any draft length)", self.seconds)
+        if stopping():
+            return
+        self._run_example(1)
+        self.ready_1 = True
+        logger.info("verify step for 1 row compiled in %.1f s", time.perf_counter() - start - self.seconds)
+        self.seconds = time.perf_counter() - start
+
+    def _run_example(self, rows: int) -> None:
+        batch = self._warm.padding(rows, COMPILE_WIDTH, COMPILE_QUERIES)
+        mark_verify_dynamic(batch, rows=rows > 1, queries=True)
         self.model.prepare_verify(batch)
         self.fn(batch)
-        self.seconds = time.perf_counter() - start
-        self.ready = True
-        logger.info("verify step (%d queries a row) compiled in %.1f s", self.num_queries, self.seconds)
 
     def __call__(self, batch: VerifyBatch) -> torch.Tensor:
         return self.fn(batch)
 
+    def rows_for(self, b: int) -> int:
+        """Dynamo specialises a dimension of 1: a single row runs as 2 (the second padding) until
+        its own graph is ready."""
+        return 1 if b == 1 and self.ready_1 else max(b, COMPILE_ROWS)
+
     @staticmethod
-    def rows_for(b: int) -> int:
-        """Dynamo specialises a dimension of 1: a single row runs as 2 (the second padding)."""
-        return max(b, COMPILE_ROWS)
+    def queries_for(q: int) -> int:
+        """Q of a step whose longest row holds q tokens (never 1: a single query is a decode)."""
+        return max(q, MIN_QUERIES)

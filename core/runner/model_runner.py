@@ -153,7 +153,8 @@ class ModelRunner:
         graph = gr is not None and gr.verify_queries > 0 and gr.takes_verify(inp.meta.num_seqs)
         if not graph and not self.model.backend.graph_safe_decode:
             return None
-        q = gr.verify_queries if graph and gr is not None else max(inp.meta.query_lens_cpu)
+        longest = max(inp.meta.query_lens_cpu)
+        q = gr.verify_queries_for(longest) if graph and gr is not None else longest
         laid = padded_verify_batch(inp, q)
         if laid is None:
             return None

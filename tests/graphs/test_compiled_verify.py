@@ -1,7 +1,8 @@
 """The speculative verify step compiled by torch.compile on CPU (graphs/verify.py) gives the same
-tokens as the eager verify step, in the whole engine, on a tiny model: batches of 1 (run as 2
-rows), 3 and 4 rows, drafts of every length up to k (rows padded to Q = 1 + k), no graph break,
-and no compile after the first verify graph; over the default KV pool and an int8 one."""
+tokens as the eager verify step, in the whole engine, on a tiny model: batches of 1 (its own
+graph: one row, no padding row), 3 and 4 rows, drafts of every length up to k (each step padded to
+its longest row, Q dynamic), no graph break, and no compile after the two verify graphs; over the
+default KV pool and an int8 one."""
 
 from __future__ import annotations
 
@@ -37,7 +38,16 @@ def test_compiled_verify_matches_eager(tiny_hf_model: Any, kv_dtype: str) -> Non
         assert gr.compiled is not None and gr.verify_compiled is not None
         assert gr.compiled.wait(timeout=900), "compile did not finish"
         assert gr.compiled.failed is None and gr.verify_compiled.failed is None, gr.verify_compiled.failed
-        assert gr.verify_compiled.ready and gr.verify_queries == 4
+        cv = gr.verify_compiled
+        assert cv.ready and cv.ready_1 and gr.verify_queries == 4
+        shapes: list[tuple[int, int]] = []  # (rows, Q) of each compiled verify call
+        fn = cv.fn
+
+        def spy(batch: Any) -> Any:
+            shapes.append(tuple(batch.input_ids.shape))
+            return fn(batch)
+
+        cv.fn = spy
 
         def generate(n: int, compiled: bool) -> list[list[int]]:
             assert gr.compiled is not None
@@ -56,6 +66,8 @@ def test_compiled_verify_matches_eager(tiny_hf_model: Any, kv_dtype: str) -> Non
             assert generate(n, compiled=True) == generate(n, compiled=False), n
             assert gr.num_verify_runs > runs, f"batch {n}: no verify step took the compiled graph"
         assert int(counters["stats"]["unique_graphs"]) == graphs  # nothing compiled again
+        assert any(rows == 1 for rows, _ in shapes)  # batch 1 without a padding row
+        assert len({q for _, q in shapes}) > 1 and all(2 <= q <= 4 for _, q in shapes)  # Q per step
         spec = llm.engine.core.spec
         assert spec is not None and spec.stats.accepted > 0
         llm.engine.core.blocks.check_integrity()
