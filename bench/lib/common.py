@@ -47,6 +47,21 @@ def process_cpu(pid: int | None, task: int | None = None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_user_cpu(pid: int | None, task: int) -> float | None:
+    """User-mode CPU seconds of one thread (10 ms ticks, scaled by the kernel to its precise
+    total): with `process_cpu(pid, task)` it splits the thread's time into its own code and the
+    kernel's (syscalls: a loopback `send` also runs the receiver's TCP path in the sender's time)."""
+    if pid is None:
+        return None
+    import os
+
+    try:
+        fields = Path(f"/proc/{pid}/task/{task}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[11]) / os.sysconf("SC_CLK_TCK")
+
+
 def peak_rss_mib() -> float:
     """Peak resident set size of this process (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

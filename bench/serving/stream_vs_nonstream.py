@@ -15,7 +15,10 @@ non-streaming tok/s; 1.0 means streaming is free.
         --set model.num_threads=1 --concurrency 1 8 64 --runs 8
 
 Per batch it also reads the server's /metrics (when it has them): the engine's hand-off wait per
-step (`rillet_handoff_wait_seconds` / `rillet_engine_steps`) and the dispatcher's CPU time.
+step (`rillet_handoff_wait_seconds` / `rillet_engine_steps`) and the dispatcher's CPU time; and
+the event loop thread's CPU from /proc, split into user mode and the kernel's ("of which user"):
+over loopback a `send` also runs the receiving side's TCP path and the client's wake-up in the
+sender's kernel time, which a client on another host would not cost the server.
     python -m bench.serving.stream_vs_nonstream --api responses   # /v1/responses (semantic events)
     python -m bench.serving.stream_vs_nonstream --api messages    # /v1/messages (Anthropic events)
 
@@ -38,7 +41,7 @@ from typing import Any
 
 import openai
 
-from bench.lib.common import process_cpu, table, write_json
+from bench.lib.common import process_cpu, table, thread_user_cpu, write_json
 from bench.lib.server_proc import RilletServer
 
 PROMPT = "What is the meaning of life?"
@@ -53,6 +56,7 @@ class Batch:
     client_cpu_s: float = 0.0  # CPU time this client process spent on the batch
     server_cpu_s: float | None = None  # the started server's CPU time over the batch
     loop_cpu_s: float | None = None  # ... of which its event loop thread (HTTP, SSE, routing)
+    loop_user_s: float | None = None  # ... of which in user mode (the rest: the kernel's syscalls)
     engine_wait_s: float | None = None  # the engine's hand-off wait for the loop (/metrics)
     engine_steps: float | None = None
     dispatch_cpu_s: float | None = None  # the loop's CPU inside the dispatcher's callback (/metrics)
@@ -208,17 +212,20 @@ def run_batch(
     # `rillet serve` runs its event loop on the main thread: thread id == process id.
     m0 = scrape(base_url) if base_url else {}
     c0, s0, l0 = client_cpu(), process_cpu(server_pid), process_cpu(server_pid, server_pid)
+    u0 = thread_user_cpu(server_pid, server_pid) if server_pid else None
     start.wait()
     t0 = time.perf_counter()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
     c1, s1, l1 = client_cpu(), process_cpu(server_pid), process_cpu(server_pid, server_pid)
+    u1 = thread_user_cpu(server_pid, server_pid) if server_pid else None
     m1 = scrape(base_url) if base_url else {}
     tokens, chunks = sum(r[0] for r in results), sum(r[1] for r in results)
     wait, steps, disp = (_delta(m0.get(k), m1.get(k)) for k in METRICS)
     batch = Batch(wall, tokens, chunks, [r[2] for r in results], c1 - c0, _delta(s0, s1), _delta(l0, l1))
     batch.engine_wait_s, batch.engine_steps, batch.dispatch_cpu_s = wait, steps, disp
+    batch.loop_user_s = _delta(u0, u1)
     return batch
 
 
@@ -285,6 +292,10 @@ def measure(
             "nonstream": cpu_ms_per_token(plain, "loop_cpu_s"),
             "stream": cpu_ms_per_token(streamed, "loop_cpu_s"),
         },
+        "server_loop_user_ms_per_token": {
+            "nonstream": cpu_ms_per_token(plain, "loop_user_s"),
+            "stream": cpu_ms_per_token(streamed, "loop_user_s"),
+        },
         "dispatch_cpu_ms_per_token": {
             "nonstream": cpu_ms_per_token(plain, "dispatch_cpu_s"),
             "stream": cpu_ms_per_token(streamed, "dispatch_cpu_s"),
@@ -324,6 +335,7 @@ def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "server CPU ms/tok N|S": _pair(r["server_cpu_ms_per_token"]),
             "of which loop N|S": _pair(r["server_loop_cpu_ms_per_token"], 3),
             "loop S-N us/tok": _minus_us(r["server_loop_cpu_ms_per_token"]),
+            "of which user": _minus_us(r["server_loop_user_ms_per_token"]),
             "engine wait ms/step N|S": _pair(r["engine_wait_ms_per_step"], 3),
         }
         for r in rows
@@ -414,7 +426,7 @@ def main() -> None:
         print(f"server peak RSS: {rss:.0f} MiB")
     cols = ["concurrency", "non-stream tok/s", "stream tok/s", "ratio", "pair ratios median [min, max]"]
     cols += ["stream TTFT ms", "client CPU ms/tok N|S", "server CPU ms/tok N|S", "of which loop N|S"]
-    cols += ["loop S-N us/tok", "engine wait ms/step N|S"]
+    cols += ["loop S-N us/tok", "of which user", "engine wait ms/step N|S"]
     print(table(summary_rows(rows), cols))
 
 
