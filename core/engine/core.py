@@ -123,11 +123,14 @@ class EngineCore(RunLanding):
         return self._inflight is not None or self.scheduler.has_work()
 
     # ---- the step ----------------------------------------------------------------------------
-    def step(self, before_run: Callable[[], None] | None = None) -> StepOutput | None:
+    def step(
+        self, before_run: Callable[[], None] | None = None, after_launch: Callable[[], None] | None = None
+    ) -> StepOutput | None:
         """One scheduling + launch step. `before_run` is called once the batch is scheduled, just
-        before it is launched (not at all when nothing is scheduled): the engine publishes the
-        previous step's output there, so the front end's work on it overlaps the device's work
-        instead of competing with the scheduling for the GIL."""
+        before it is launched, `after_launch` just after (neither when nothing is scheduled): the
+        engine publishes the previous step's output in one of them (core/engine/publisher.py), so
+        the front end's work on it overlaps the device's work instead of competing with the
+        scheduling for the GIL."""
         t0 = time.perf_counter()
         deltas = self._expire_deadlines()
         spec = self.spec
@@ -150,6 +153,8 @@ class EngineCore(RunLanding):
             if before_run is not None:
                 before_run()
             launched = self._launch(batch, deltas)
+            if after_launch is not None:
+                after_launch()
             verifies = spec is not None and launched is not None and any(s.draft_ids for s in batch.seqs)
         if self._inflight is not None:
             deltas.extend(self._land())

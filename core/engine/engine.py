@@ -121,6 +121,8 @@ class Engine:
         m, overlap = self.cfg.model, self.cfg.engine.overlap
         self.overlap, why = resolve_overlap(overlap, rt.device.type, m.kind, m.synthetic_async)
         log.info("engine overlap: %s", why)
+        # a launch only enqueues the step: CUDA, and the null engine that models a device
+        self.async_launch = rt.device.type == "cuda" or (m.kind == "synthetic" and m.synthetic_async)
         self.core = EngineCore(
             rt.scheduler, rt.runner, rt.make_detokenizer, rt.max_model_len, self.overlap, rt.speculator
         )
@@ -333,7 +335,7 @@ class Engine:
 
     # ---- the engine thread ---------------------------------------------------------------------
     def _run(self) -> None:
-        publisher = Publisher(self.ring, self.handoff_s)
+        publisher = Publisher(self.ring, self.handoff_s, self.async_launch)
         poll = self.runtime.runner.poll  # work that must run on this thread, between steps
         try:
             while not self._stop:
@@ -347,8 +349,8 @@ class Engine:
                     self._wake.clear()
                     continue
                 t0 = time.perf_counter()
-                out = self.core.step(publisher.before_run)
-                publisher.flush()  # before_run was not called if nothing was scheduled
+                out = self.core.step(publisher.before_run, publisher.after_launch)
+                publisher.flush()  # neither hook was called if nothing was scheduled
                 if out is None and not aborted:
                     # work, none of it runnable now (embeddings waiting out chat's share): no spin
                     self._wake.wait(0.001)

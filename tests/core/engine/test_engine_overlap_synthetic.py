@@ -113,3 +113,50 @@ def test_overlap_on_and_off_stream_the_same_tokens_through_the_engine_thread() -
     assert on == off
     finishes = [f for choices in on.values() for _, f, _ in choices]
     assert FinishReason.STOP in finishes and FinishReason.LENGTH in finishes
+
+
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_a_step_is_published_after_an_asynchronous_launch_and_before_a_synchronous_one(
+    asynchronous: bool,
+) -> None:
+    """core/engine/publisher.py: with launches that only enqueue (CUDA, the asynchronous null
+    engine), the previous step's output goes to the ring just after the next launch, so a loop woken
+    by it never delays a launch; a launch that runs the model is preceded by the publish instead."""
+    from rillet.core.engine.engine import Engine
+
+    cfg = config_from_dict(
+        {
+            "model": {"kind": "synthetic", "synthetic_step_ms": 1.0, "synthetic_async": asynchronous},
+            "cache": {"num_blocks": 64},
+        }
+    )
+    engine = Engine(cfg)
+    assert engine.async_launch is asynchronous
+    events: list[str] = []
+    launch, push = engine.core.runner.launch, engine.ring.push
+
+    def recording_launch(batch: ScheduledBatch) -> object:
+        events.append("launch")
+        return launch(batch)
+
+    def recording_push(item: object, timeout: float | None = None) -> None:
+        events.append("push")
+        push(item, timeout)  # type: ignore[arg-type]
+
+    engine.core.runner.launch = recording_launch  # type: ignore[method-assign,assignment]
+    engine.ring.push = recording_push  # type: ignore[method-assign]
+    try:
+        engine.start()
+        params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+        engine.add_request("r", engine.tokenizer.encode("hello"), params)
+        assert engine.wait_idle(60)
+    finally:
+        engine.shutdown()
+    last = max(i for i, e in enumerate(events) if e == "launch")
+    assert events.count("launch") == 6
+    # every step's output that a later launch publishes goes out right after it (asynchronous) or
+    # right before it; what is left when the engine falls idle goes out after the last launch
+    published = [i for i, e in enumerate(events[:last]) if e == "push"]
+    assert len(published) >= 3, events
+    for i in published:
+        assert events[i - 1 if asynchronous else i + 1] == "launch", events
