@@ -7,6 +7,9 @@ before --tokens (an array of at least 200 small objects), so both sides generate
 Rounds alternate constrained and unconstrained; each row of the table is the median round.
 Mask time per step = bitmask fill (worker thread, overlapping the forward) + the sampler's wait for
 it + unpacking and applying the bits. Target (issue 15): constrained >= 0.9x unconstrained at 16/64.
+Constrained rows carry what the server gives a constrained request that sets no penalty
+(`structured.repetition_penalty`, core/structured/defaults.py); `--set
+structured.repetition_penalty=1.0` measures them without it.
 
     .venv/bin/python bench/structured_throughput.py [--tokens 64] [--batch 1 16 64] [--rounds 2]
 """
@@ -24,6 +27,7 @@ import torch
 from rillet.core.config import config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.sampling_params import SamplingParams
+from rillet.core.structured.defaults import constrained_penalty
 from rillet.core.structured.spec import GrammarSpec
 
 from bench.lib.common import decode_path, peak_rss_mib, table, write_json
@@ -58,7 +62,11 @@ def prompts(batch: int, offset: int) -> list[str]:
 
 def run_once(llm: LLM, batch: int, tokens: int, constrained: bool, offset: int) -> dict[str, Any]:
     grammar = GrammarSpec("json_schema", json.dumps(SCHEMA)) if constrained else None
-    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=not constrained, grammar=grammar)
+    # what the server gives a constrained request that sets no penalty (structured.repetition_penalty)
+    penalty = constrained_penalty({}, grammar, llm.engine.cfg.structured.repetition_penalty)
+    params = SamplingParams(
+        max_tokens=tokens, temperature=0.0, ignore_eos=not constrained, grammar=grammar, **penalty
+    )
     masks = llm.engine.core.runner.masks  # type: ignore[attr-defined]
     names = ("steps", "fill_s", "wait_s", "apply_s", "check_s", "lazy_rows", "lazy_misses")
     before = dataclasses.asdict(masks.stats)
