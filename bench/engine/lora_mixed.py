@@ -12,11 +12,14 @@ tokens, `--tokens` greedy tokens, EOS ignored, no prefix caching): tok/s = gener
 the batch's wall time (prefill included). The adapters are random PEFT-format folders written to
 a temporary directory (rank `--rank`, every projection targeted, or `--targets`), checked and loaded
 by the engine like any other. Memory per adapter: its host copy (A and B, float32), its slot in the
-stacked device buffers (allocated once for `--adapters` slots), and the process's RSS growth per
-adapter while loading them (the host copy: placing it in a slot allocates nothing).
+stacked device buffers (`lora.dtype`, allocated once for `--adapters` slots), and the process's RSS
+growth per adapter while loading them (the host copy: placing it in a slot allocates nothing).
 
-Both engines serve the default decode step (`graphs.enabled: auto`: on CPU the compiled step once
-its background compile is done, which this script waits for).
+Both engines serve the compiled decode step (`graphs.enabled: on`; this script waits for the
+background compiles). Not `auto`: its check times compiled against eager once, and on a loaded
+host it kept eager for one engine and compiled for the other (measured: 19.6 tok/s eager vs 65
+compiled for the same base engine), which made the ratio a coin toss. `--set graphs.enabled=auto`
+gives it back; the decode path of each engine is printed and written to the JSON either way.
 
     .venv/bin/python -m bench.engine.lora_mixed [--batch 8] [--adapters 4] [--rank 16] [--tokens 64]
         [--prompt-len 128] [--reps 3] [--set section.key=value ...]
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import random
 import resource
 import tempfile
@@ -44,6 +48,7 @@ from safetensors.torch import save_file
 
 from bench.lib.common import decode_path, peak_rss_mib, table, write_json
 
+log = logging.getLogger(__name__)
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 
@@ -81,6 +86,7 @@ def make_llm(lora: dict[str, Any] | None, overrides: list[str]) -> LLM:
     data: dict[str, Any] = {
         "cache": {"num_blocks": 1024, "prefix_caching": False},  # no hits between turns
         "scheduler": {"max_num_seqs": 64, "max_num_batched_tokens": 8192},
+        "graphs": {"enabled": "on"},  # both engines the same step (module docstring)
     }
     if lora is not None:
         data["lora"] = lora
@@ -163,13 +169,18 @@ def main() -> None:
         {
             "args": vars(args),
             "decode_path": {"base": path, "lora": lora_path},
+            "lora_dtype": str(registry.stack.dtype).removeprefix("torch."),
             "rows": rows,
             "memory": memory,
             "peak_rss_mib": peak_rss_mib(),
         },
     )
     print(json.dumps(memory, indent=2))
-    print(f"peak RSS {peak_rss_mib():.0f} MiB; decode step: base {path}, lora {lora_path}; JSON: {args.out}")
+    if path != lora_path:
+        log.warning("the two engines run different decode steps: the ratio compares them too")
+    dtype = str(registry.stack.dtype).removeprefix("torch.")
+    print(f"peak RSS {peak_rss_mib():.0f} MiB; decode step: base {path}, lora {lora_path}; ", end="")
+    print(f"LoRA buffers {dtype}; JSON: {args.out}")
     print(table(rows, ["cell", "tok/s", "vs base"]))
 
 

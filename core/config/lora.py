@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Literal
 
 from rillet.core.config.errors import check
 
@@ -12,6 +13,9 @@ LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 MAX_LORA_RANK = 256
 # an adapter's name is what requests send as `model`: no spaces, no path separators
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
+# The stacked buffers' dtype (core/lora/setup.py resolves auto): bfloat16 when the base projections
+# take bfloat16 operands (int4 weights, a bfloat16 model), float32 otherwise.
+LoraDType = Literal["auto", "float32", "bfloat16"]
 
 
 def valid_adapter_name(name: str) -> bool:
@@ -28,6 +32,7 @@ class LoraConfig:
     # projections the buffers hold (each one costs a shrink and an expand per step); () = those the
     # start-up adapters target, or all seven when none is given at start-up
     target_modules: tuple[str, ...] = ()
+    dtype: LoraDType = "auto"
 
     def __post_init__(self) -> None:
         check(self.max_loras >= 1, "lora.max_loras", f"must be >= 1, got {self.max_loras}")

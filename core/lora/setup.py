@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import torch
 from rillet.core.config import ConfigError, RilletConfig
 from rillet.core.config.lora import LORA_MODULES
 from rillet.core.engine.scheduler import Scheduler
@@ -51,7 +52,8 @@ def attach_lora(
     ]
     targets = frozenset(lc.target_modules) or _targets(adapters)
     device = model.embed_tokens.device
-    stack = LoraStack(model.arch, lc.max_loras, lc.max_rank, targets, device)
+    dtype = lora_dtype(lc.dtype, model)
+    stack = LoraStack(model.arch, lc.max_loras, lc.max_rank, targets, device, dtype)
     registry = LoraRegistry(model.arch, stack, lc.allow_runtime_updates, first_uid=len(adapters) + 1)
     for adapter in adapters:
         if adapter.name == base_name:
@@ -63,15 +65,26 @@ def attach_lora(
     model.attach_lora(stack)
     scheduler.lora_slots = SlotTable(lc.max_loras)
     log.info(
-        "LoRA: %d slots x rank %d over %s (%.1f MB a slot), %d adapters at start-up, runtime updates %s",
+        "LoRA: %d slots x rank %d over %s (%s, %.1f MB a slot), %d adapters at start-up, runtime updates %s",
         lc.max_loras,
         lc.max_rank,
         ",".join(m for m in LORA_MODULES if m in targets),
+        str(dtype).removeprefix("torch."),
         stack.slot_bytes / 1e6,
         len(adapters),
         "on" if lc.allow_runtime_updates else "off",
     )
     return registry
+
+
+def lora_dtype(setting: str, model: DecoderModel) -> torch.dtype:
+    """`lora.dtype`; auto: bfloat16 when the base projections multiply bfloat16 operands (int4
+    weights cast their input to bfloat16; a bfloat16 model), so the delta's operands are rounded
+    no further than the base matmul's; float32 beside float32 (and float16) weights."""
+    if setting == "auto":
+        bf16 = model.int4_weights or model.embed_tokens.dtype == torch.bfloat16
+        return torch.bfloat16 if bf16 else torch.float32
+    return torch.bfloat16 if setting == "bfloat16" else torch.float32
 
 
 def _startup_adapter(name: str, path: str, cfg: RilletConfig, model: DecoderModel, uid: int) -> LoraAdapter:

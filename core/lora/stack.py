@@ -13,9 +13,13 @@ gathering A[idx] per token would copy T * R * in floats (a 2k-token prefill of a
 while the masked form costs 2 * L * R * (in + out) multiply-adds a token in BLAS, with shapes that
 never depend on which adapters are loaded. Loading writes a slot's rows in place: the compiled
 step and CUDA graphs read the same tensors, so nothing recompiles. Ranks below R leave zero rows.
-Always float32 (beside int4 or bfloat16 base weights too): the adapter's small delta is added in
-the residual's dtype. The buffers live on a plain object, not as module parameters: Inductor's
-weight freezing (max-autotune modes) would fold parameters into constants and never see a load.
+The buffers' dtype is `lora.dtype` (setup.py): bfloat16 beside int4 or bfloat16 base weights,
+whose matmuls take bfloat16 operands already (half the bytes a step reads: with every slot of 4
+rank-16 adapters on all seven projections, more than the int4 weights themselves), float32 beside
+float32 weights. The matmuls accumulate in float32 either way; the slot scales multiply the
+shrink's output in float32, and the delta is added in the residual's dtype. The buffers live on a
+plain object, not as module parameters: Inductor's weight freezing (max-autotune modes) would fold
+parameters into constants and never see a load.
 """
 
 from __future__ import annotations
@@ -46,18 +50,19 @@ class ProjectionLora:
         slots: int,
         rank: int,
         device: torch.device,
+        dtype: torch.dtype,
     ) -> None:
         self.parts = [(m, w, m in targets) for m, w in widths.items()]  # (module, out width, held)
         held = [m for m, _, on in self.parts if on]
         self.index = {m: p for p, m in enumerate(held)}  # module -> its part in a and b
         self.cols = slots * rank
-        self.a = torch.zeros(len(held) * self.cols, d_in, dtype=torch.float32, device=device)
-        self.b = [
-            torch.zeros(self.cols, w, dtype=torch.float32, device=device) for m, w, on in self.parts if on
-        ]
+        self.a = torch.zeros(len(held) * self.cols, d_in, dtype=dtype, device=device)
+        self.b = [torch.zeros(self.cols, w, dtype=dtype, device=device) for m, w, on in self.parts if on]
 
-    def delta(self, x: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:  # x [T, in] -> [T, out] fp32
-        s = F.linear(x.float(), self.a).view(-1, len(self.b), self.cols) * mix[:, None, :]  # [T, P, L*R]
+    def delta(self, x: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:  # x [T, in] -> [T, out]
+        dtype = self.a.dtype
+        s = F.linear(x.to(dtype), self.a).view(-1, len(self.b), self.cols)  # [T, P, L*R]
+        s = (s.float() * mix[:, None, :]).to(dtype)  # the slot scales, in float32
         outs = []
         for module, width, held in self.parts:
             if held:
@@ -96,9 +101,15 @@ class LoraStack:
     """Every layer's buffers, the slots' scales, and the per-step mix (see the module docstring)."""
 
     def __init__(
-        self, arch: ModelArch, slots: int, rank: int, targets: frozenset[str], device: torch.device
+        self,
+        arch: ModelArch,
+        slots: int,
+        rank: int,
+        targets: frozenset[str],
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
-        self.slots, self.rank, self.targets = slots, rank, targets
+        self.slots, self.rank, self.targets, self.dtype = slots, rank, targets, dtype
         h, i = arch.hidden_size, arch.intermediate_size
         q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
         self.layers: list[LayerLora] = []
@@ -110,7 +121,9 @@ class LoraStack:
             if not arch.is_moe_layer(layer):
                 widths |= {"gate_up": ({"gate_proj": i, "up_proj": i}, h), "down": ({"down_proj": h}, i)}
             projections = {
-                name: ProjectionLora(w, d_in, targets, slots, rank, device) if targets & set(w) else None
+                name: ProjectionLora(w, d_in, targets, slots, rank, device, dtype)
+                if targets & set(w)
+                else None
                 for name, (w, d_in) in widths.items()
             }
             self.layers.append(LayerLora(projections))

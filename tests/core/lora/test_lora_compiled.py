@@ -1,7 +1,8 @@
 """LoRA in the compiled CPU decode step (graphs/compiled.py): the same tokens as peft (float32)
 and as the eager step, for batches mixing adapters and base rows; an adapter loaded into a slot
 while serving is used by the compiled step at once, with no recompile. In the tuned mode too
-(int4 weights, max-autotune, weights frozen into constants): the adapters' buffers stay inputs."""
+(int4 weights, max-autotune, weights frozen into constants) and with the buffers int4 weights get
+(bfloat16): the adapters' buffers stay inputs."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from rillet.core.attention.torch_backend import TorchAttentionBackend
 from rillet.core.config import CompileMode, GraphConfig
 from rillet.core.llm import LLM
 from rillet.core.lora.adapter import LoraAdapter, module_shapes
+from rillet.core.lora.setup import lora_dtype
 from rillet.core.lora.stack import LoraStack
 from rillet.core.model.decoder import allocate_kv_cache, build_model
 from rillet.core.model.shapes import shape_arch
@@ -106,7 +108,9 @@ def test_tuned_mode_keeps_the_adapter_buffers_inputs(tmp_path: Any, monkeypatch:
     model = build_model(arch, TorchAttentionBackend(), torch.float32, "cpu")
     model.init_random(seed=3, std=0.05)
     model.quantize_int4()
-    model.attach_lora(LoraStack(arch, 2, 8, frozenset(ALL_MODULES), torch.device("cpu")))
+    dtype = lora_dtype("auto", model)  # beside int4 weights: bfloat16 buffers
+    assert dtype == torch.bfloat16
+    model.attach_lora(LoraStack(arch, 2, 8, frozenset(ALL_MODULES), torch.device("cpu"), dtype))
     assert model.lora is not None
     model.lora.write(1, _adapter("x", 1, arch, 8))
     adapter = DecoderGraphAdapter(model, allocate_kv_cache(arch, 16, 8, torch.float32, "cpu"), 8)
