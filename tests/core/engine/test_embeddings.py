@@ -13,6 +13,9 @@ import pytest
 import torch
 from rillet.core.config import ConfigError
 from rillet.core.llm import LLM
+from rillet.core.model.encoder import EncoderLayer
+from rillet.core.model.packed_linear import onednn_available
+from rillet.core.runner.encoder_runner import EncoderRunner
 from rillet.core.sampling_params import SamplingParams
 
 TEXTS = [
@@ -65,6 +68,11 @@ def _check(folder: Path, *overrides: str, texts: list[str] = TEXTS) -> LLM:
 def test_bert_equals_sentence_transformers(st_folder: StFolder, pooling: str, normalize: bool) -> None:
     llm = _check(st_folder("bert", pooling=pooling, normalize=normalize))
     assert llm.engine.tasks == frozenset({"embed"}) and llm.engine.embedding_size == 32
+    runner = llm.engine.runtime.runner
+    assert isinstance(runner, EncoderRunner)
+    layer = runner.model.layers[0]
+    assert isinstance(layer, EncoderLayer)  # its projections run on oneDNN where torch has it
+    assert (layer.up.packed is not None) is onednn_available(torch.empty(1))
     assert llm.engine.max_model_len == 48  # the folder's max_seq_length
 
 
