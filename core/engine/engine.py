@@ -122,7 +122,13 @@ class Engine:
         self.overlap, why = resolve_overlap(overlap, rt.device.type, m.kind, m.synthetic_async)
         log.info("engine overlap: %s", why)
         self.core = EngineCore(
-            rt.scheduler, rt.runner, rt.make_detokenizer, rt.max_model_len, self.overlap, rt.speculator
+            rt.scheduler,
+            rt.runner,
+            rt.make_detokenizer,
+            rt.max_model_len,
+            self.overlap,
+            rt.speculator,
+            serves_both=rt.tasks == {"generate", "embed"},
         )
         self.tasks = rt.tasks
         self.lora = rt.lora  # LoRA adapters by name (None: the model serves none)

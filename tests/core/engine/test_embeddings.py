@@ -69,7 +69,7 @@ def test_bert_equals_sentence_transformers(st_folder: StFolder, pooling: str, no
     llm = _check(st_folder("bert", pooling=pooling, normalize=normalize))
     assert llm.engine.tasks == frozenset({"embed"}) and llm.engine.embedding_size == 32
     runner = llm.engine.runtime.runner
-    assert isinstance(runner, EncoderRunner)
+    assert isinstance(runner, EncoderRunner) and llm.engine.core.embed_share is None  # no chat to share with
     layer = runner.model.layers[0]
     assert isinstance(layer, EncoderLayer)  # its projections run on oneDNN where torch has it
     assert (layer.up.packed is not None) is onednn_available(torch.empty(1))
@@ -123,6 +123,7 @@ def both(tiny_hf_model: Any) -> Iterator[tuple[LLM, Any]]:
 
 def test_task_both_serves_chat_and_embeddings_from_one_engine(both: tuple[LLM, Any]) -> None:
     llm, hf = both
+    assert llm.engine.core.embed_share is not None  # chat and embeddings share the engine's time
     ids = [llm.tokenizer.encode(t) for t in TEXTS]
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     alone = [o.outputs[0].token_ids for o in llm.generate(ids, params)]
