@@ -121,6 +121,7 @@ class EncoderModel(nn.Module):
     def pack(self) -> bool:
         """After load_weights: moves every projection to oneDNN where it can (packed_linear.py).
         True when all of them run there."""
+        # a list, not a generator: every projection is packed even after one could not be
         return all([p.pack() for layer in self.layers for p in _layer(layer).projections()])
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
