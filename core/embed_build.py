@@ -114,13 +114,15 @@ def load_encoder(
         )
     model = build_encoder(arch, precision.dtype, device)
     model.load_weights(iter_safetensors(folder.weight_files, precision.dtype))
+    packed = model.pack()
     log.info(
-        "encoder %s: %d layers, hidden %d, inputs up to %d tokens, %s pooling%s",
+        "encoder %s: %d layers, hidden %d, inputs up to %d tokens, %s pooling%s, projections: %s",
         src.path.name,
         arch.num_layers,
         arch.hidden_size,
         max_len,
         setup.pooling.mode,
         ", normalized" if setup.pooling.normalize else "",
+        "oneDNN (packed)" if packed else "F.linear",
     )
     return EncoderParts(EncoderRunner(model, setup.pooling, device), max_len, arch.hidden_size)

@@ -51,7 +51,9 @@ class EngineCore(RunLanding):
         max_model_len: int,
         overlap: bool = False,
         spec: Speculator | None = None,
+        serves_both: bool = False,
     ) -> None:
+        """`serves_both`: chat and embeddings share this engine (model.task both)."""
         self.scheduler = scheduler
         self.blocks: BlockManager = scheduler.blocks
         self.runner = runner
@@ -70,7 +72,8 @@ class EngineCore(RunLanding):
         self.generated_tokens = 0
         self.wait_seconds = 0.0  # time blocked waiting for launched steps' tokens
         share = scheduler.cfg.embed_share
-        self.embed_share = EmbedShare(share) if share < 1 else None  # chat vs embeddings (embed_share.py)
+        # chat vs embeddings (embed_share.py); an engine that only embeds runs them unbounded
+        self.embed_share = EmbedShare(share) if share < 1 and serves_both else None
 
     # ---- requests ----------------------------------------------------------------------------
     def add(self, seqs: list[Seq]) -> None:

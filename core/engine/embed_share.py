@@ -9,14 +9,20 @@ it (its duration minus a generation-alone step's, both measured: moving averages
 take `credit / seconds-per-token` tokens, and only in chunks of at least `MIN_CHUNK` tokens: mixed
 steps are then rare and large (a 0.2 share means about one embedding chunk after every few chat
 steps) rather than a few tokens in every step, each paying the eager step's overhead.
-Plain Python, on the engine thread. Without chat (none in the engine for GRACE_S) embeddings run
-at full speed.
+Without chat (none in the engine for GRACE_S) embeddings run at full speed, in steps of at most
+MAX_STALL_S by their measured cost alone: a chat request that arrives waits for the step in
+flight, and a whole token budget of prefill is seconds on a CPU (17 s on a loaded 2-core host,
+measured), which cost chat ~0.3 of its speed in bench/serving/embeddings.py. Mixed steps are
+bounded the same way, by the credit kept (at most MAX_STALL_S, or one MIN_CHUNK's cost where that
+is more: else embeddings would starve while chat runs on a CPU where a chunk costs more).
+Plain Python, on the engine thread.
 """
 
 from __future__ import annotations
 
 MIN_CHUNK = 64  # embedding tokens a mixed step carries at least (fewer: wait for more credit)
-_MAX_CREDIT_S = 0.5  # credit kept at most: bounds one mixed step's extra time (a chat stall)
+MAX_STALL_S = 0.25  # what a step may add for embeddings: credit kept, embedding-alone step length
+FIRST_ALONE_CHUNK = 128  # embedding tokens of the first step without chat (then: measured)
 _ALPHA = 0.2  # weight of the newest sample in the moving averages
 _MIN_TOKEN_S = 1e-7
 GRACE_S = 1.0  # the share holds this long after the last chat request left
@@ -33,17 +39,20 @@ class EmbedShare:
         self.credit = 0.0  # seconds of embedding work the next steps may still spend
         self.gen_step_s: float | None = None  # a step of decode rows alone (no prefill, no embedding)
         self.token_s: float | None = None  # what one embedding token adds to a step
+        self.alone_token_s: float | None = None  # what one costs in a step without generation rows
         self._last_generation = -GRACE_S - 1.0  # when generation sequences were last present
 
-    def cap(self, generation: bool, now: float) -> int | None:
-        """Embedding tokens the next step may take (0: none; None: no limit). The limit holds while
+    def cap(self, generation: bool, now: float) -> int:
+        """Embedding tokens the next step may take (0: none). The share holds while
         generation sequences are in the engine and for GRACE_S after: chat clients that send their
         next request as soon as one ends leave the engine without chat for a moment, and a whole
-        budget of embeddings must not fill that moment."""
+        budget of embeddings must not fill that moment. Without chat: MAX_STALL_S worth."""
         if generation:
             self._last_generation = now
         elif now - self._last_generation > GRACE_S:
-            return None
+            if self.alone_token_s is None:
+                return FIRST_ALONE_CHUNK
+            return max(MIN_CHUNK, int(MAX_STALL_S / self.alone_token_s))
         if self.gen_step_s is None or self.credit <= 0:
             return 0
         if self.token_s is None:
@@ -53,13 +62,17 @@ class EmbedShare:
 
     def observe(self, seconds: float, embed_tokens: int, gen_rows: int, gen_tokens: int) -> None:
         """One step's duration and what it ran (rows and tokens of generation sequences)."""
-        if gen_rows == 0:
-            return  # no chat in this step: nothing to share with
+        if gen_rows == 0:  # no chat in this step: a cost to measure, paid from credit kept (grace)
+            if embed_tokens:
+                self.alone_token_s = _ema(self.alone_token_s, max(seconds / embed_tokens, _MIN_TOKEN_S))
+                self.credit = max(self.credit - seconds, 0.0)
+            return
         decode_only = gen_tokens == gen_rows
         if embed_tokens == 0:
             if decode_only:
                 self.gen_step_s = _ema(self.gen_step_s, seconds)
-            self.credit = min(self.credit + self.ratio * seconds, _MAX_CREDIT_S)
+            ceiling = max(MAX_STALL_S, MIN_CHUNK * (self.token_s or 0.0))
+            self.credit = min(self.credit + self.ratio * seconds, ceiling)
             return
         extra = max(seconds - (self.gen_step_s or 0.0), 0.0)
         self.credit -= extra

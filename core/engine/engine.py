@@ -124,7 +124,13 @@ class Engine:
         # a launch only enqueues the step: CUDA, and the null engine that models a device
         self.async_launch = rt.device.type == "cuda" or (m.kind == "synthetic" and m.synthetic_async)
         self.core = EngineCore(
-            rt.scheduler, rt.runner, rt.make_detokenizer, rt.max_model_len, self.overlap, rt.speculator
+            rt.scheduler,
+            rt.runner,
+            rt.make_detokenizer,
+            rt.max_model_len,
+            self.overlap,
+            rt.speculator,
+            serves_both=rt.tasks == {"generate", "embed"},
         )
         self.tasks = rt.tasks
         self.lora = rt.lora  # LoRA adapters by name (None: the model serves none)

@@ -3,28 +3,25 @@
 Bidirectional attention over whole sequences, so no KV cache and no chunking: a step is a padded
 batch [B, S] (right padding) with a key mask, one SDPA per layer. Absolute learned positions,
 token type ids (all 0: one segment per input), GELU, post-LayerNorm (LayerNorm after each residual
-add). q/k/v are fused into one projection ([Q | K | V] rows), as in the decoder. `forward` returns
-the last hidden state (what sentence-transformers pools); BERT's own pooler head is not used.
+add). q/k/v are fused into one projection ([Q | K | V] rows), as in the decoder; on CPU the
+projections run through oneDNN once `pack()` has reordered their weights (packed_linear.py), the
+GELU fused into the up-projection. A batch without padding runs SDPA without a mask (mask None),
+as Hugging Face's BertModel does. `forward` returns the last hidden state (what
+sentence-transformers pools); BERT's own pooler head is not used.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from rillet.core.model.families import ENCODER_MODEL_TYPES
+from rillet.core.model.packed_linear import ACTIVATIONS, Projection
 from torch import nn
 
-_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "gelu": F.gelu,
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_fast": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-}
 # weights that are not part of the encoder's forward (BERT's pooler and pre-training heads)
 _SKIPPED = ("pooler.", "cls.", "embeddings.position_ids")
 
@@ -48,8 +45,8 @@ class EncoderArch:
         if kind not in ENCODER_MODEL_TYPES:
             raise ValueError(f"encoder model_type {kind!r} is not supported (one of {ENCODER_MODEL_TYPES})")
         act = str(cfg.get("hidden_act", "gelu"))
-        if act not in _ACTIVATIONS:
-            raise ValueError(f"hidden_act {act!r} is not supported (one of {sorted(_ACTIVATIONS)})")
+        if act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act {act!r} is not supported (one of {sorted(ACTIVATIONS)})")
         if cfg.get("position_embedding_type", "absolute") != "absolute":
             raise ValueError(f"position_embedding_type {cfg['position_embedding_type']!r} is not supported")
         return cls(
@@ -74,25 +71,26 @@ class EncoderLayer(nn.Module):
         super().__init__()
         h, i = a.hidden_size, a.intermediate_size
         self.n_heads, self.eps = a.num_heads, a.layer_norm_eps
-        self.act = _ACTIVATIONS[a.hidden_act]
-        self.qkv_weight, self.qkv_bias = _param(3 * h, h), _param(3 * h)
-        self.o_weight, self.o_bias = _param(h, h), _param(h)
+        self.qkv = Projection(h, 3 * h)
+        self.o = Projection(h, h)
         self.ln1_weight, self.ln1_bias = _param(h), _param(h)
-        self.up_weight, self.up_bias = _param(i, h), _param(i)
-        self.down_weight, self.down_bias = _param(h, i), _param(h)
+        self.up = Projection(h, i, a.hidden_act)  # the activation is applied inside
+        self.down = Projection(i, h)
         self.ln2_weight, self.ln2_bias = _param(h), _param(h)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # x [B, S, H]
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:  # x [B, S, H]
         b, s, h = x.shape
         nh = self.n_heads
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias).view(b, s, 3, nh, h // nh)
+        qkv = self.qkv(x).view(b, s, 3, nh, h // nh)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, S, D] each
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # mask [B, 1, 1, S]: keys
-        o = F.linear(o.transpose(1, 2).reshape(b, s, h), self.o_weight, self.o_bias)
+        o = self.o(o.transpose(1, 2).reshape(b, s, h))
         x = F.layer_norm(x + o, (h,), self.ln1_weight, self.ln1_bias, self.eps)
-        up = self.act(F.linear(x, self.up_weight, self.up_bias))
-        down = F.linear(up, self.down_weight, self.down_bias)
+        down = self.down(self.up(x))
         return F.layer_norm(x + down, (h,), self.ln2_weight, self.ln2_bias, self.eps)
+
+    def projections(self) -> tuple[Projection, ...]:
+        return self.qkv, self.o, self.up, self.down
 
 
 class EncoderModel(nn.Module):
@@ -109,16 +107,22 @@ class EncoderModel(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,  # [B, S] int64, right-padded
-        mask: torch.Tensor,  # [B, S] bool: True on real tokens
+        mask: torch.Tensor | None,  # [B, S] bool: True on real tokens; None: no padding
     ) -> torch.Tensor:  # [B, S, H]: the last hidden state
         s, h = input_ids.shape[1], self.arch.hidden_size
         # every input is one segment: token type 0 everywhere
         x = F.embedding(input_ids, self.word) + (self.position[:s] + self.token_type[0])
         x = F.layer_norm(x, (h,), self.ln_weight, self.ln_bias, self.arch.layer_norm_eps)
-        keys = mask[:, None, None, :]  # [B, 1, 1, S]
+        keys = None if mask is None else mask[:, None, None, :]  # [B, 1, 1, S]
         for layer in self.layers:
             x = layer(x, keys)
         return x
+
+    def pack(self) -> bool:
+        """After load_weights: moves every projection to oneDNN where it can (packed_linear.py).
+        True when all of them run there."""
+        # a list, not a generator: every projection is packed even after one could not be
+        return all([p.pack() for layer in self.layers for p in _layer(layer).projections()])
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Hugging Face BERT names (with or without the `bert.` prefix of a task model).
@@ -154,23 +158,28 @@ class EncoderModel(nn.Module):
             "embeddings.LayerNorm.weight": (self.ln_weight, None),
             "embeddings.LayerNorm.bias": (self.ln_bias, None),
         }
-        for i, layer in enumerate(self.layers):
-            assert isinstance(layer, EncoderLayer)
+        for i, module in enumerate(self.layers):
+            layer = _layer(module)
             p = f"encoder.layer.{i}."
             for j, proj in enumerate(("query", "key", "value")):
-                t[f"{p}attention.self.{proj}.weight"] = (layer.qkv_weight, (j * h, (j + 1) * h))
-                t[f"{p}attention.self.{proj}.bias"] = (layer.qkv_bias, (j * h, (j + 1) * h))
+                t[f"{p}attention.self.{proj}.weight"] = (layer.qkv.weight, (j * h, (j + 1) * h))
+                t[f"{p}attention.self.{proj}.bias"] = (layer.qkv.bias, (j * h, (j + 1) * h))
             named = {
-                "attention.output.dense": (layer.o_weight, layer.o_bias),
+                "attention.output.dense": (layer.o.weight, layer.o.bias),
                 "attention.output.LayerNorm": (layer.ln1_weight, layer.ln1_bias),
-                "intermediate.dense": (layer.up_weight, layer.up_bias),
-                "output.dense": (layer.down_weight, layer.down_bias),
+                "intermediate.dense": (layer.up.weight, layer.up.bias),
+                "output.dense": (layer.down.weight, layer.down.bias),
                 "output.LayerNorm": (layer.ln2_weight, layer.ln2_bias),
             }
             for name, (w, b) in named.items():
                 t[f"{p}{name}.weight"] = (w, None)
                 t[f"{p}{name}.bias"] = (b, None)
         return t
+
+
+def _layer(module: nn.Module) -> EncoderLayer:
+    assert isinstance(module, EncoderLayer)
+    return module
 
 
 def build_encoder(arch: EncoderArch, dtype: torch.dtype, device: torch.device | str) -> EncoderModel:

@@ -71,7 +71,9 @@ class EncoderRunner:
             flat.extend([0] * (width - s.prompt_len))
         ids = torch.frombuffer(flat, dtype=torch.int64).view(len(seqs), width).to(self.device)
         lengths = torch.tensor([s.prompt_len for s in seqs], dtype=torch.int64, device=self.device)
-        mask = torch.arange(width, device=self.device) < lengths[:, None]  # [B, S]
+        mask = None
+        if seqs[-1].prompt_len < width:  # padded (the shortest is last): attention and mean skip it
+            mask = torch.arange(width, device=self.device) < lengths[:, None]  # [B, S]
         hidden = self.model(ids, mask)  # [B, S, H]
         return finish(pool_padded(hidden, lengths, mask, self.pooling.mode), seqs, self.pooling)
 

@@ -95,12 +95,15 @@ class ChunkPooler:
 def pool_padded(
     hidden: torch.Tensor,  # [B, S, H]
     lengths: torch.Tensor,  # [B] int64: real tokens per row (right padding)
-    mask: torch.Tensor,  # [B, S] bool: True on real tokens
+    mask: torch.Tensor | None,  # [B, S] bool: True on real tokens; None: no padding
     mode: PoolingMode,
 ) -> torch.Tensor:  # [B, H]
     if mode == "cls":
         return hidden[:, 0]
     if mode == "lasttoken":
         return hidden[torch.arange(hidden.shape[0], device=hidden.device), lengths - 1]
-    summed = (hidden * mask.unsqueeze(-1).to(hidden.dtype)).sum(1, dtype=torch.float32)
+    if mask is None:
+        summed = hidden.sum(1, dtype=torch.float32)
+    else:
+        summed = (hidden * mask.unsqueeze(-1).to(hidden.dtype)).sum(1, dtype=torch.float32)
     return summed / lengths.unsqueeze(-1).to(torch.float32)

@@ -7,7 +7,13 @@ from __future__ import annotations
 from rillet.core.config import SchedulerConfig
 from rillet.core.embedding import EmbedParams
 from rillet.core.engine.block_manager import BlockManager
-from rillet.core.engine.embed_share import GRACE_S, EmbedShare
+from rillet.core.engine.embed_share import (
+    FIRST_ALONE_CHUNK,
+    GRACE_S,
+    MAX_STALL_S,
+    MIN_CHUNK,
+    EmbedShare,
+)
 from rillet.core.engine.scheduler import ScheduledBatch, Scheduler
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import FinishReason, Seq
@@ -72,24 +78,53 @@ def test_the_cap_holds_embedding_tokens_while_chat_runs_and_a_grace_after() -> N
     share = EmbedShare(0.2)
     assert share.cap(generation=True, now=100.0) == 0  # no chat step measured yet
     assert share.cap(generation=False, now=100.0 + GRACE_S / 2) == 0  # chat just left: still held
-    assert share.cap(generation=False, now=101.0 + GRACE_S) is None  # no chat: no limit
+    assert share.cap(generation=False, now=101.0 + GRACE_S) == FIRST_ALONE_CHUNK  # no chat: measure
 
 
-def simulate(flood: int, steps: int = 4000) -> tuple[float, int, EmbedShare]:
+def test_without_chat_steps_are_bounded_by_their_measured_cost() -> None:
+    share = EmbedShare(0.2)
+    share.observe(FIRST_ALONE_CHUNK * 0.001, FIRST_ALONE_CHUNK, 0, 0)  # 1 ms a token, no chat rows
+    assert share.cap(generation=False, now=100.0) == int(MAX_STALL_S / 0.001)
+    share.observe(MIN_CHUNK * 0.1, MIN_CHUNK, 0, 0)  # a slow host: never below one chunk
+    assert share.cap(generation=False, now=100.0) == MIN_CHUNK
+
+
+def test_a_chunk_dearer_than_the_stall_bound_still_runs() -> None:
+    """A CPU where MIN_CHUNK embedding tokens cost more than MAX_STALL_S: the credit kept grows to
+    one chunk's cost, so embeddings advance (at the share) instead of starving."""
+    share = EmbedShare(0.2)
+    share.observe(0.1, 0, 8, 8)  # chat alone: 100 ms a step
+    share.cap(generation=True, now=0.0)
+    share.observe(0.1 + MIN_CHUNK * 0.02, MIN_CHUNK, 8, 8)  # 20 ms an embedding token
+    for _ in range(200):  # chat steps earn credit
+        share.observe(0.1, 0, 8, 8)
+    assert share.cap(generation=True, now=1.0) >= MIN_CHUNK
+
+
+def simulate(flood: int, steps: int = 4000, head_start: float = 0.0) -> tuple[float, int, EmbedShare]:
     """8 chat clients (64 tokens a request, the next sent a step after the last ends) beside `flood`
-    embedding inputs of 128 tokens. Costs as on this CPU: a compiled decode-only step 25 ms; a
-    step with any prefill row runs eager (+15 ms); each prefill token 5 ms.
-    -> (chat tokens per second, embeddings finished, the share's state)."""
+    embedding inputs of 128 tokens, queued `head_start` seconds before the chat. Costs as on this
+    CPU: a compiled decode-only step 25 ms; a step with any prefill row runs eager (+15 ms); each
+    prefill token 5 ms. -> (chat tokens per second from its arrival, embeddings finished, the
+    share's state)."""
     s, share = make(), EmbedShare(0.2)
-    for i in range(8):
-        s.add(chat(i, prompt_len=1, max_tokens=64))
     for i in range(flood):
         s.add(embedding(1000 + i))
     clock, chat_tokens, embedded = 0.0, 0, 0
+    while clock < head_start:  # the flood alone, as EngineCore.step runs it
+        s.embed_cap = share.cap(False, 100.0 + clock)
+        batch = s.schedule()
+        seconds = 0.04 + 0.005 * batch.num_tokens
+        share.observe(seconds, batch.embed_tokens, 0, 0)
+        embedded += advance(s, batch)
+        clock += seconds
+    arrival = head_start  # the chat waits for the step in flight
+    for i in range(8):
+        s.add(chat(i, prompt_len=1, max_tokens=64))
     resend: list[int] = []
     for step in range(steps):
         if s.num_embeds:  # as EngineCore.step
-            s.embed_cap = share.cap(s.has_generation, clock)
+            s.embed_cap = share.cap(s.has_generation, 100.0 + clock)
         batch = s.schedule()
         prefill = batch.num_tokens - (len(batch.seqs) - batch.embed_rows)
         seconds = 0.025 + (0.015 + 0.005 * prefill if batch.embed_rows else 0.0)
@@ -104,7 +139,7 @@ def simulate(flood: int, steps: int = 4000) -> tuple[float, int, EmbedShare]:
             resend.append(len(resend))
         clock += seconds
         chat_tokens += gen_rows
-    return chat_tokens / clock, embedded, share
+    return chat_tokens / (clock - arrival), embedded, share
 
 
 def test_the_share_keeps_chat_at_0_8_of_its_speed_on_a_simulated_cpu() -> None:
@@ -114,6 +149,15 @@ def test_the_share_keeps_chat_at_0_8_of_its_speed_on_a_simulated_cpu() -> None:
     assert flooded >= 0.8 * alone, flooded / alone
     assert embedded >= 30  # the flood advances (~0.2 of the engine at ~0.7 s per input)
     assert share.token_s is not None and abs(share.token_s - 0.005) < 0.002  # the cost was measured
+
+
+def test_chat_arriving_into_a_flood_waits_one_bounded_step() -> None:
+    """The flood has the engine to itself for a while, then chat arrives (the bench's order): the
+    steps it ran alone are MAX_STALL_S long, not a whole token budget (2048 x 5 ms here)."""
+    alone, _, _ = simulate(flood=0)
+    flooded, embedded, share = simulate(flood=400, head_start=3.0)
+    assert flooded >= 0.8 * alone, flooded / alone
+    assert share.alone_token_s is not None and embedded >= 30
 
 
 def test_a_step_measured_free_leaves_the_cap_finite() -> None:

@@ -13,6 +13,9 @@ import pytest
 import torch
 from rillet.core.config import ConfigError
 from rillet.core.llm import LLM
+from rillet.core.model.encoder import EncoderLayer
+from rillet.core.model.packed_linear import onednn_available
+from rillet.core.runner.encoder_runner import EncoderRunner
 from rillet.core.sampling_params import SamplingParams
 
 TEXTS = [
@@ -65,6 +68,11 @@ def _check(folder: Path, *overrides: str, texts: list[str] = TEXTS) -> LLM:
 def test_bert_equals_sentence_transformers(st_folder: StFolder, pooling: str, normalize: bool) -> None:
     llm = _check(st_folder("bert", pooling=pooling, normalize=normalize))
     assert llm.engine.tasks == frozenset({"embed"}) and llm.engine.embedding_size == 32
+    runner = llm.engine.runtime.runner
+    assert isinstance(runner, EncoderRunner) and llm.engine.core.embed_share is None  # no chat to share with
+    layer = runner.model.layers[0]
+    assert isinstance(layer, EncoderLayer)  # its projections run on oneDNN where torch has it
+    assert (layer.up.packed is not None) is onednn_available(torch.empty(1))
     assert llm.engine.max_model_len == 48  # the folder's max_seq_length
 
 
@@ -115,6 +123,7 @@ def both(tiny_hf_model: Any) -> Iterator[tuple[LLM, Any]]:
 
 def test_task_both_serves_chat_and_embeddings_from_one_engine(both: tuple[LLM, Any]) -> None:
     llm, hf = both
+    assert llm.engine.core.embed_share is not None  # chat and embeddings share the engine's time
     ids = [llm.tokenizer.encode(t) for t in TEXTS]
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     alone = [o.outputs[0].token_ids for o in llm.generate(ids, params)]
