@@ -157,9 +157,18 @@ class CompiledVerify:
         self.failed: str | None = None
         self.seconds = 0.0
 
+    def example(self) -> VerifyBatch:
+        """The padding batch a compile (or a saved step's check) runs on."""
+        return self._warm.padding(COMPILE_ROWS, COMPILE_WIDTH)
+
+    def use(self, fn: Callable[[VerifyBatch], torch.Tensor]) -> None:
+        """A saved step (graphs/aot/) instead of compiling."""
+        self.fn = fn
+        self.ready = True
+
     def compile(self) -> None:
         start = time.perf_counter()
-        batch = self._warm.padding(COMPILE_ROWS, COMPILE_WIDTH)
+        batch = self.example()
         mark_verify_dynamic(batch)
         self.model.prepare_verify(batch)
         self.fn(batch)
