@@ -187,7 +187,8 @@ def load_model(
                 arch, weights = st_decoder_weights(arch, src.path, weights)
         backend = make_backend(cfg, arch, device, dtype)
         model = build_model(arch, backend, dtype, device, cfg.model.max_model_len)
-        model.load_weights(weights)
+        # int4: each projection is quantized as soon as it is read (a lean load: core/model/weights.py)
+        model.load_weights(weights, int4=precision.quantization == "int4")
     maybe_quantize(precision.quantization, model)
     if isinstance(model.backend, InvariantAttentionBackend):
         deterministic.finish(model, model.backend.rows, cfg.cache.block_size)
