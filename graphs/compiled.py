@@ -22,9 +22,9 @@ belongs to the thread that built the model, and a forward on any other thread ra
 than eager (25.5 vs 22.9 ms) when on the engine thread it is 1.7x faster.
 
 With an artifact plan (`plan`: graphs/aot/), the step is first looked up as a saved AOTInductor
-package under the model's key, and built and saved when there is none (in a niced child process
+library under the model's key, and built and saved when there is none (in a niced child process
 when the plan has a builder): a restart then loads it in a second or two and compiles nothing.
-Its row dimension starts at 1 (export keeps that symbol), so the one package serves batch 1 as
+Its row dimension starts at 1 (export keeps that symbol), so the one library serves batch 1 as
 well, and the KV pool's block count is an input dimension: another pool size reuses it. When no
 plan is given, or the model cannot be saved, or the artifact path fails, the step is compiled
 with torch.compile as described above.
@@ -252,7 +252,7 @@ class CompiledDecode:
             return False
         self.fn = fn
         if not self.check_faster:
-            self.ready_1 = self.with_batch_1  # one package serves every row count
+            self.ready_1 = self.with_batch_1  # one library serves every row count
             self.ready = True
             logger.info("decode step: compiled graph in use (saved artifact)")
         return True

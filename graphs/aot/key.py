@@ -1,6 +1,6 @@
 """What a saved compiled step depends on: its key.
 
-An AOTInductor package is machine code specialised for everything below; loading one built under
+An AOTInductor library is machine code specialised for everything below; loading one built under
 any other value would compute wrong numbers or crash the process (an AVX-512 kernel on an AVX2
 cap: seen as heap corruption with Inductor's own cache, see graphs/compiled.py). So each field is
 both in the artifact's folder name (a digest of all of them) and in its manifest (checked again
@@ -10,8 +10,8 @@ on load: a folder copied or renamed into place is refused, not trusted by its na
   model    the weights as the compiled code holds them (frozen into constants): their fingerprint
   code     what shapes the traced graph besides the weights: the model side's description
            (architecture, dtypes, attention backend) and a digest of the source it traces
-  mode     the torch.compile mode the package was built like, and whether weights were frozen
-  torch    torch's version and commit: the package's calling convention and kernels
+  mode     the torch.compile mode the library was built like, and whether weights were frozen
+  torch    torch's version and commit: the library's calling convention and kernels
   isa      the CPU cap ATen and Inductor vectorise for (ATEN_CPU_CAPABILITY lowers it), and the
            CPU's vector flags (an AMX or AVX-512 kernel must not run where they are absent)
   threads  torch's intra-op threads: Inductor writes the OpenMP thread count into the code
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-FORMAT = "rillet-aot-1"  # bump when the package's inputs or the manifest change
+FORMAT = "rillet-aot-1"  # bump when the library's inputs or the manifest change
 # /proc/cpuinfo flags that decide which kernels Inductor may emit (x86 vector and matrix units)
 _ISA_FLAG_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4", "vnni")
 

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from rillet.graphs.aot.export import build_package, export_decode, export_verify
+from rillet.graphs.aot.export import build_library, export_decode, export_verify
 from rillet.graphs.aot.key import make_key
-from rillet.graphs.aot.step import SavedDecode, SavedVerify, agrees_with_eager, load_package
+from rillet.graphs.aot.step import SavedDecode, SavedVerify, agrees_with_eager, load_library
 from rillet.graphs.aot.store import ArtifactStore
 from rillet.graphs.interface import DecodeBatch, SavableModel, VerifyBatch
 
@@ -92,9 +92,9 @@ class SavedSteps:
             store.root.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(prefix=".build-", dir=store.root) as tmp:
                 frozen = self.weights_key if self.freeze else None
-                package = build_package(program, self.mode, frozen, Path(tmp))
+                library = build_library(program, self.mode, frozen, Path(tmp))
                 seconds = time.perf_counter() - start
-                path = store.save(self.keys[name], package, seconds)
+                path = store.save(self.keys[name], library, seconds)
             say(f"built the {name} step in {seconds:.1f} s: {path}")
 
     def load_decode(self, example: DecodeBatch) -> SavedDecode:
@@ -114,8 +114,8 @@ class SavedSteps:
         if path is None:
             raise RuntimeError(f"no {name} artifact after its build ({self.plan.store.folder(key)})")
         try:
-            runner, seconds = load_package(path)
-        except Exception as exc:  # an unloadable package: rebuilt by the next start
+            runner, seconds = load_library(path)
+        except Exception as exc:  # an unloadable library: rebuilt by the next start
             self.plan.store.discard(key, f"it did not load: {type(exc).__name__}: {exc}")
             raise
         logger.info("%s step: loaded the compiled artifact %s in %.1f s (no compile)", name, path, seconds)

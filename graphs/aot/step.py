@@ -1,10 +1,11 @@
-"""A loaded package as a step: called with a batch like the torch.compile'd function it replaces.
+"""A loaded step library as a step: called with a batch like the torch.compile'd function it
+replaces.
 
-The package takes the batch's tensors and the model's `step_state` flat (graphs/aot/export.py)
-and writes the pool in place, as the eager step does. It runs no Python between its kernels: no
-dynamo, no guards. A package is checked against the eager forward once, on a batch of padding
-rows, before it is used (`agrees_with_eager`): digests catch a damaged file, this catches a
-package that loads but computes something else.
+The library (AOTInductor's: graphs/aot/export.py) takes the batch's tensors and the model's
+`step_state`, flat, and writes the pool in place, as the eager step does. It runs no Python
+between its kernels: no dynamo, no guards. A library is checked against the eager forward once,
+on a batch of padding rows, before it is used (`agrees_with_eager`): digests catch a damaged
+file, this catches a library that loads but computes something else.
 """
 
 from __future__ import annotations
@@ -21,17 +22,21 @@ from rillet.graphs.interface import DecodeBatch, VerifyBatch
 
 logger = logging.getLogger(__name__)
 
-# a package agrees with eager when its outputs on padding rows are this close, relative to the
+# a library agrees with eager when its outputs on padding rows are this close, relative to the
 # largest output: compiled kernels round differently (fused reductions, the int4 template), a
-# wrong package is off by the outputs' own size
+# wrong library is off by the outputs' own size
 AGREE_RTOL = 0.1
 
 
-def load_package(path: Path) -> tuple[Callable[..., Any], float]:
-    """(the package's callable, seconds to load it)."""
+def load_library(path: Path) -> tuple[Callable[..., Any], float]:
+    """(a callable over the flat inputs, seconds to load the library)."""
     start = time.perf_counter()
-    runner = torch._inductor.aoti_load_package(str(path))
-    return runner, time.perf_counter() - start
+    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(path), 1)
+
+    def run(*flat: torch.Tensor) -> list[torch.Tensor]:
+        return runner.run(list(flat))  # type: ignore[no-any-return]
+
+    return run, time.perf_counter() - start
 
 
 class SavedDecode:

@@ -1,12 +1,12 @@
-"""Compiled steps on disk: one folder per key, a package and the manifest that vouches for it.
+"""Compiled steps on disk: one folder per key, a library and the manifest that vouches for it.
 
-    <root>/<graph>-<key digest>/step.pt2        the AOTInductor package
-    <root>/<graph>-<key digest>/manifest.json   the key's fields, the package's size and sha256
+    <root>/<graph>-<key digest>/step.so         the step's AOTInductor library
+    <root>/<graph>-<key digest>/manifest.json   the key's fields, the library's size and sha256
 
 A folder is written beside its place under a temporary name and renamed into it, so a reader sees
 a whole artifact or none. On load everything is checked before a byte of machine code is mapped:
 the manifest's key against this process's (another torch, ISA cap or thread count: refused), and
-the package's size and digest against the manifest (truncated, flipped bytes: refused). A refused
+the library's size and digest against the manifest (truncated, flipped bytes: refused). A refused
 artifact is logged as a warning, deleted, and reported as a miss, so the caller builds it anew.
 """
 
@@ -26,7 +26,7 @@ from rillet.graphs.aot.key import ArtifactKey
 
 logger = logging.getLogger(__name__)
 
-PACKAGE = "step.pt2"
+LIBRARY = "step.so"
 MANIFEST = "manifest.json"
 
 
@@ -38,13 +38,13 @@ class ArtifactStore:
         return self.root / f"{key.graph}-{key.digest()}"
 
     def find(self, key: ArtifactKey) -> Path | None:
-        """The package of `key` once it checks out, else None (a refused one is deleted)."""
+        """The library of `key` once it checks out, else None (a refused one is deleted)."""
         folder = self.folder(key)
         if not folder.exists():
             return None
         problem = _problem(folder, key)
         if problem is None:
-            return folder / PACKAGE
+            return folder / LIBRARY
         self.discard(key, problem)
         return None
 
@@ -54,16 +54,16 @@ class ArtifactStore:
         logger.warning("compiled artifact %s refused (%s): deleted, it will be built again", folder, why)
         shutil.rmtree(folder, ignore_errors=True)
 
-    def save(self, key: ArtifactKey, package: Path, seconds: float) -> Path:
-        """Moves the built `package` into the artifact of `key`; returns its final path."""
+    def save(self, key: ArtifactKey, library: Path, seconds: float) -> Path:
+        """Moves the built `library` into the artifact of `key`; returns its final path."""
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".{key.graph}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
         tmp.mkdir()
         try:
-            shutil.move(str(package), tmp / PACKAGE)
+            shutil.move(str(library), tmp / LIBRARY)
             manifest = {
                 "key": key.fields(),
-                "package": {"bytes": (tmp / PACKAGE).stat().st_size, "sha256": file_sha256(tmp / PACKAGE)},
+                "library": {"bytes": (tmp / LIBRARY).stat().st_size, "sha256": file_sha256(tmp / LIBRARY)},
                 "build_s": round(seconds, 1),
                 "created": time.strftime("%Y-%m-%d %H:%M:%S %z"),
             }
@@ -74,30 +74,30 @@ class ArtifactStore:
         finally:
             with contextlib.suppress(OSError):
                 shutil.rmtree(tmp)
-        return folder / PACKAGE
+        return folder / LIBRARY
 
 
 def _problem(folder: Path, key: ArtifactKey) -> str | None:
     """Why the artifact in `folder` cannot stand for `key`, or None when it can."""
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
-        stored_key, package = manifest["key"], manifest["package"]
-        size, digest = int(package["bytes"]), str(package["sha256"])
+        stored_key, library = manifest["key"], manifest["library"]
+        size, digest = int(library["bytes"]), str(library["sha256"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return f"no readable manifest: {type(exc).__name__}"
     differs = key.differs(stored_key) if isinstance(stored_key, dict) else ["key"]
     if differs:
         built = ", ".join(f"{k} {stored_key.get(k)!r}" for k in differs if isinstance(stored_key, dict))
         return f"built for another {'/'.join(differs)}: {built or stored_key!r}"
-    path = folder / PACKAGE
+    path = folder / LIBRARY
     try:
         actual = path.stat().st_size
     except OSError:
-        return "its package is missing"
+        return "its library is missing"
     if actual != size:
-        return f"package is {actual} bytes, the manifest says {size}: truncated or replaced"
+        return f"library is {actual} bytes, the manifest says {size}: truncated or replaced"
     if file_sha256(path) != digest:
-        return "package bytes differ from the manifest's sha256: corrupted"
+        return "library bytes differ from the manifest's sha256: corrupted"
     return None
 
 

@@ -30,7 +30,7 @@ from rillet.core.runner.model_runner import ModelRunner
 from rillet.core.sampling_params import SamplingParams
 from rillet.graphs.aot.key import make_key
 from rillet.graphs.aot.saved import AotPlan
-from rillet.graphs.aot.store import MANIFEST, PACKAGE, ArtifactStore
+from rillet.graphs.aot.store import LIBRARY, MANIFEST, ArtifactStore
 from rillet.graphs.compiled import CompiledDecode
 from rillet.graphs.runner import GraphRunner
 from torch._dynamo.utils import counters
@@ -170,12 +170,12 @@ def test_compiling_again_builds_nothing(built: Built) -> None:
 
 
 def _truncate(folder: Path) -> None:
-    package = folder / PACKAGE
+    package = folder / LIBRARY
     package.write_bytes(package.read_bytes()[: package.stat().st_size // 2])
 
 
 def _flip(folder: Path) -> None:
-    package = folder / PACKAGE
+    package = folder / LIBRARY
     data = bytearray(package.read_bytes())
     for i in range(1000, len(data), len(data) // 7):
         data[i] ^= 0xFF
