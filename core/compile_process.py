@@ -8,8 +8,8 @@ threads and the compiler processes Inductor forks run only on what the server le
 It loads the model from the same config (the same weights, hence the same keys), builds what is
 missing, saves it, and exits; the server then loads the artifacts (graphs/compiled.py).
 
-Its standard error (Inductor's warnings and autotuning tables, a traceback) goes to `build.log`
-beside the artifacts; its progress lines (standard output) are logged here.
+Its standard error (Inductor's warnings and autotuning tables, a traceback) goes to a log file
+beside the artifacts (`build.log`); its progress lines (standard output) are logged here.
 """
 
 from __future__ import annotations
@@ -21,29 +21,28 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 from rillet.core.config import RilletConfig, config_to_dict
 
 log = logging.getLogger(__name__)
 
 CHILD_NICE = 19
-LOG_NAME = "build.log"
 
 
 class CompileProcess:
     """graphs/aot/saved.py's Builder: `build` runs the child to its end (on the compile thread)."""
 
-    def __init__(self, cfg: RilletConfig, threads: int) -> None:
+    def __init__(self, cfg: RilletConfig, threads: int, logfile: Path) -> None:
         self.cfg = cfg
         self.threads = threads  # the server's: the child compiles for it (the code bakes it in)
+        self.logfile = logfile  # the child's standard error
         self._proc: subprocess.Popen[str] | None = None
         self._cancelled = threading.Event()
         self._lock = threading.Lock()
 
     def build(self, graphs: Sequence[str]) -> None:
-        from rillet.core.graph_setup import cache_base
-
-        logfile = cache_base(self.cfg) / "compiled" / LOG_NAME
+        logfile = self.logfile
         logfile.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "rillet.core.compile_ahead", "--child"]
         cmd += ["--threads", str(self.threads), "--nice", str(CHILD_NICE)]

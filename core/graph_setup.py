@@ -86,7 +86,9 @@ def artifact_plan(cfg: RilletConfig, model: DecoderModel, in_process: bool = Fal
 
     store = ArtifactStore(cache_base(cfg) / "compiled")
     log.info("compiled steps are saved under %s (graphs.artifacts)", store.root)
-    return AotPlan(store, None if in_process else CompileProcess(cfg, torch.get_num_threads()))
+    if in_process:
+        return AotPlan(store)
+    return AotPlan(store, CompileProcess(cfg, torch.get_num_threads(), store.root / "build.log"))
 
 
 def verify_queries(cfg: RilletConfig, model: DecoderModel) -> int:
