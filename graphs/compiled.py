@@ -33,18 +33,22 @@ with torch.compile as described above.
 from __future__ import annotations
 
 import logging
-import os
 import statistics
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import cast
 
 import torch
-from rillet.graphs.aot.saved import AotPlan, Progress, SavedSteps, verify_name
+from rillet.graphs.aot.saved import AotPlan, Progress, SavedSteps
 from rillet.graphs.compile_modes import compile_decode, freezes, mark_batch_dynamic
+from rillet.graphs.compile_thread import (
+    COMPILE_SWITCH_INTERVAL_S,
+    cache_hits,
+    gil_switch_interval,
+    lower_this_threads_priority,
+    summary,
+)
 from rillet.graphs.frozen import frozen_weights
 from rillet.graphs.interface import DecodeBatch, DecodeModel, SavableModel
 from rillet.graphs.static_buffers import StaticBuffers
@@ -59,12 +63,6 @@ CHECK_RUNS = 7  # timed calls of each path for `graphs.enabled: auto`, interleav
 # between two engine steps of a live server (the host's other threads busy), which can slow
 # either path by 30 % for a moment; compiled measured 1.2-1.7x faster on every CPU model tried
 SLOWER_THAN_EAGER = 1.10
-COMPILE_NICE = 10  # added to the compile thread's nice value: the engine thread's steps come first
-# The interpreter's GIL switch interval while a compile runs (default 5 ms). Dynamo and Inductor
-# hold the GIL in pure Python for seconds; the engine thread gives it up in every torch op, and
-# each time waited up to the interval to get it back: 1-token requests took up to 12.3 s during a
-# cold compile of the default model (measured), at 0.5 ms up to 1-2 s. Restored when it ends.
-COMPILE_SWITCH_INTERVAL_S = 0.0005
 
 DecodeFn = Callable[[DecodeBatch], torch.Tensor]
 
@@ -163,14 +161,14 @@ class CompiledDecode:
     def _run(self) -> None:
         on_own_thread = threading.current_thread() is self._thread
         if on_own_thread:
-            _lower_this_threads_priority()
+            lower_this_threads_priority()
         interval = COMPILE_SWITCH_INTERVAL_S if on_own_thread else None
         try:
-            with torch.inference_mode(), _gil_switch_interval(interval):
+            with torch.inference_mode(), gil_switch_interval(interval):
                 self._compile_all()
         except Exception as exc:  # a compile error must not take the server down: stay eager
             self._check_due = False
-            self.failed = _summary(exc)
+            self.failed = summary(exc)
             if self._stopping.is_set():  # the engine closed under it (its runtime is going away)
                 logger.debug("compile ended with the engine: %s", self.failed)
             else:
@@ -224,33 +222,21 @@ class CompiledDecode:
 
     def _from_artifacts(self, plan: AotPlan) -> bool:
         """The steps from saved artifacts (built first if missing); False: compile them instead."""
-        model = cast(SavableModel, self.model)
         verify = self.verify
-        q = verify.num_queries if verify is not None else 0
         try:
-            if model.graph_key() is None:
+            steps = self._saved_steps(plan)
+            if steps is None:
                 logger.info("decode step: this model's compiled step cannot be saved (torch.compile)")
                 return False
-            steps = SavedSteps(model, plan, self.compile_mode, self.freeze, q)
-            start = time.perf_counter()
-            missing = steps.missing()
-            if missing and plan.builder is not None:
-                logger.info("building compiled steps %s in a background process (niced)", ", ".join(missing))
-                plan.builder.build(missing)
-            elif missing:
-                steps.build(missing, self._example(), verify.example() if verify is not None else None)
-            if self._stopping.is_set():
-                return True  # nothing is published: the engine is closing
-            self.seconds["build" if missing else "lookup"] = time.perf_counter() - start
-            start = time.perf_counter()
-            fn = steps.load_decode(self._example())
-            if verify is not None:
-                verify.use(steps.load_verify(verify_name(q), verify.example()))
-            self.seconds["load"] = time.perf_counter() - start
+            got = steps.obtain(self._example(), verify.example() if verify else None, self._stopping)
         except Exception as exc:  # a failed build or load: torch.compile, as without artifacts
-            logger.warning("compiled artifacts unusable (%s): compiling with torch.compile", _summary(exc))
+            logger.warning("compiled artifacts unusable (%s): compiling with torch.compile", summary(exc))
             return False
-        self.fn = fn
+        if got is None:
+            return True  # the engine is closing: nothing is published
+        self.fn, self.seconds = got.decode, got.seconds
+        if verify is not None and got.verify is not None:
+            verify.use(got.verify)
         if not self.check_faster:
             self.ready_1 = self.with_batch_1  # one library serves every row count
             self.ready = True
@@ -259,15 +245,21 @@ class CompiledDecode:
 
     def build_artifacts(self, progress: Progress | None = None) -> list[str]:
         """The missing saved steps, built in this process (see GraphRunner.build_artifacts)."""
-        if self.plan is None:
-            raise RuntimeError("no artifact plan: nothing is saved for this step")
-        verify = self.verify
-        q = verify.num_queries if verify is not None else 0
-        steps = SavedSteps(cast(SavableModel, self.model), self.plan, self.compile_mode, self.freeze, q)
+        steps = self._saved_steps(self.plan) if self.plan is not None else None
+        if steps is None:
+            raise RuntimeError("nothing is saved for this step (no plan, or a model that cannot be)")
         missing = steps.missing()
         with torch.inference_mode():
-            steps.build(missing, self._example(), verify.example() if verify is not None else None, progress)
+            example = self.verify.example() if self.verify is not None else None
+            steps.build(missing, self._example(), example, progress)
         return missing
+
+    def _saved_steps(self, plan: AotPlan) -> SavedSteps | None:
+        model = cast(SavableModel, self.model)
+        if model.graph_key() is None:
+            return None
+        q = self.verify.num_queries if self.verify is not None else 0
+        return SavedSteps(model, plan, self.compile_mode, self.freeze, q)
 
     def _example(self) -> DecodeBatch:
         return self._warm.padding(COMPILE_ROWS, COMPILE_WIDTH)
@@ -279,7 +271,7 @@ class CompiledDecode:
                 verify.compile()
             self.seconds["verify"] = verify.seconds
         except Exception as exc:
-            verify.failed = _summary(exc)
+            verify.failed = summary(exc)
             logger.warning("compiled verify step off, verifying eager: compile failed (%s)", verify.failed)
 
     def _decide(self) -> None:
@@ -289,7 +281,7 @@ class CompiledDecode:
             with torch.inference_mode():
                 keep = self._faster(self._check_batch)
         except Exception as exc:  # the compiled step failed to run: stay eager
-            self.failed = _summary(exc)
+            self.failed = summary(exc)
             logger.warning("compiled decode off, serving eager: the compiled step failed (%s)", self.failed)
             keep = False
         if keep:
@@ -299,13 +291,13 @@ class CompiledDecode:
         self._done.set()
 
     def _timed(self, name: str, batch: DecodeBatch) -> None:
-        hits = _cache_hits()
+        hits = cache_hits()
         start = time.perf_counter()
         self.model.prepare_decode(batch)
         with frozen_weights(self._weights_key):
             self.fn(batch)
         self.seconds[name] = time.perf_counter() - start
-        cached = "Inductor cache hit" if _cache_hits() > hits else "compiled"
+        cached = "Inductor cache hit" if cache_hits() > hits else "compiled"
         logger.info("decode graph for %s: %.1f s (%s)", name, self.seconds[name], cached)
 
     def _faster(self, batch: DecodeBatch) -> bool:
@@ -326,41 +318,3 @@ class CompiledDecode:
         self.failed = f"compiled {c:.2f} ms vs eager {e:.2f} ms per step (batch 2): slower"
         logger.info("decode step stays eager: %s", self.failed)
         return False
-
-
-def _summary(exc: Exception) -> str:
-    """An error as one log-sized line: its type and the first line of its message."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
-
-
-@contextmanager
-def _gil_switch_interval(seconds: float | None) -> Iterator[None]:
-    """sys.setswitchinterval for the duration (process-wide: restored unless changed meanwhile)."""
-    if seconds is None:
-        yield
-        return
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(seconds)
-    try:
-        yield
-    finally:
-        if sys.getswitchinterval() == seconds:
-            sys.setswitchinterval(before)
-
-
-def _lower_this_threads_priority() -> None:
-    """Nice the calling thread (Linux: nice is per thread; the OpenMP workers it starts and the
-    compiler processes Inductor forks inherit it), so that a cold compile (about a minute of
-    C++ on 2 cores) does not delay the steps that serve meanwhile: the first token included."""
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + COMPILE_NICE))
-    except (AttributeError, OSError) as exc:  # not Linux, or not allowed: compile at normal priority
-        logger.debug("compile thread keeps its priority: %s", exc)
-
-
-def _cache_hits() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["inductor"]["fxgraph_cache_hit"])

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from threading import Event
 from typing import Any, Protocol
 
 import torch
@@ -42,6 +43,13 @@ class Builder(Protocol):
 class AotPlan:
     store: ArtifactStore
     builder: Builder | None = None  # None: build in this process
+
+
+@dataclass(frozen=True)
+class Obtained:
+    decode: SavedDecode
+    verify: SavedVerify | None
+    seconds: dict[str, float]  # "build" (or "lookup" when nothing was missing), "load"
 
 
 def verify_name(num_queries: int) -> str:
@@ -96,6 +104,31 @@ class SavedSteps:
                 seconds = time.perf_counter() - start
                 path = store.save(self.keys[name], library, seconds)
             say(f"built the {name} step in {seconds:.1f} s: {path}")
+
+    def obtain(
+        self, decode_example: DecodeBatch, verify_example: VerifyBatch | None, stopping: Event
+    ) -> Obtained | None:
+        """Every step loaded: those missing built first (by the plan's builder, else here).
+        None when `stopping` was set meanwhile (the engine is closing: nothing is loaded)."""
+        seconds: dict[str, float] = {}
+        start = time.perf_counter()
+        missing = self.missing()
+        builder = self.plan.builder
+        if missing and builder is not None:
+            logger.info("building compiled steps %s in a background process (niced)", ", ".join(missing))
+            builder.build(missing)
+        elif missing:
+            self.build(missing, decode_example, verify_example)
+        if stopping.is_set():
+            return None
+        seconds["build" if missing else "lookup"] = time.perf_counter() - start
+        start = time.perf_counter()
+        decode = self.load_decode(decode_example)
+        verify = None
+        if verify_example is not None:
+            verify = self.load_verify(verify_name(verify_example.num_queries), verify_example)
+        seconds["load"] = time.perf_counter() - start
+        return Obtained(decode, verify, seconds)
 
     def load_decode(self, example: DecodeBatch) -> SavedDecode:
         runner = self._load(DECODE)
