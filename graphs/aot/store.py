@@ -74,7 +74,25 @@ class ArtifactStore:
         finally:
             with contextlib.suppress(OSError):
                 shutil.rmtree(tmp)
+        self._prune(key)
         return folder / LIBRARY
+
+    def _prune(self, key: ArtifactKey) -> None:
+        """Deletes the artifacts `key` supersedes: the same step of the same weights, mode, CPU
+        cap and threads, built by other code or another torch (an upgrade; ~190 MB each for the
+        default model). Variants this host may still start with (other threads, caps) are kept."""
+        same = {"graph", "model", "mode", "isa", "threads"}
+        for folder in self.root.glob(f"{key.graph}-*"):
+            if folder == self.folder(key):
+                continue
+            try:
+                stored = json.loads((folder / MANIFEST).read_text())["key"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # not ours to judge: find() refuses it if its key ever comes up
+            differs = set(key.differs(stored))
+            if differs and not differs & same:
+                logger.info("deleting %s: superseded (other %s)", folder, "/".join(sorted(differs)))
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def _problem(folder: Path, key: ArtifactKey) -> str | None:

@@ -10,6 +10,7 @@ again (here by a stand-in builder that puts the good copy back, so no second com
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -270,3 +271,21 @@ def test_the_key_changes_with_the_isa_cap_and_the_threads(monkeypatch: pytest.Mo
         assert make_key("decode", "w", "c", "m").differs(base.fields()) == ["threads"]
     finally:
         torch.set_num_threads(threads)
+
+
+def test_saving_deletes_what_it_supersedes(tmp_path: Path) -> None:
+    """A step built by new code replaces the old code's artifact of the same weights; one of
+    another thread count stays (the host may start with it again)."""
+    store = ArtifactStore(tmp_path)
+    old = make_key("decode", "w", "old-code", "m")
+    other_threads = dataclasses.replace(old, threads=old.threads + 1)
+    for key in (old, other_threads):
+        lib = tmp_path / "lib.so"
+        lib.write_bytes(b"x")
+        store.save(key, lib, 1.0)
+    new = make_key("decode", "w", "new-code", "m")
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(b"y")
+    store.save(new, lib, 1.0)
+    assert store.find(new) is not None and store.find(other_threads) is not None
+    assert not store.folder(old).exists()
