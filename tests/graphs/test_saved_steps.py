@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import torch
+from proc_helpers import RilletProcess
 from rillet.core.compile_ahead import compile_artifacts
 from rillet.core.config import RilletConfig, config_from_dict
 from rillet.core.llm import LLM
@@ -74,16 +75,16 @@ def built(tiny_hf_model: Any, tmp_path_factory: pytest.TempPathFactory) -> Built
     cache = tmp_path_factory.mktemp("rillet_cache")
     settings = _settings(folder, cache)
     cmd = [sys.executable, "-m", "rillet.http.cli", "compile", *_overrides(settings)]
-    # Inductor's own caches (its precompiled headers) where the other compiled tests keep theirs
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(_shared_inductor_cache())}
+    env = {**os.environ, **_inductor_env()}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return Built(cache, done.stdout, _settings(folder, cache))
 
 
-def _shared_inductor_cache() -> Path:
+def _inductor_env() -> dict[str, str]:
+    """Inductor's own caches (its precompiled headers) where the other compiled tests keep theirs."""
     isa = os.environ.get("ATEN_CPU_CAPABILITY") or "native"
-    return default_cache_dir() / "torch-compile" / f"isa-{isa}"
+    return {"TORCHINDUCTOR_CACHE_DIR": str(default_cache_dir() / "torch-compile" / f"isa-{isa}")}
 
 
 def _config(built: Built, **changes: Any) -> RilletConfig:
@@ -143,6 +144,20 @@ def test_serve_after_compile_loads_both_steps_and_compiles_nothing(
     assert llm.engine.core.blocks.num_blocks == SERVE_BLOCKS  # not the build's pool of 4 blocks
     assert gr.compiled is not None and gr.compiled.ready and gr.compiled.ready_1
     assert gr.verify_compiled is not None and gr.verify_compiled.ready
+
+
+def test_rillet_serve_after_rillet_compile_compiles_nothing(built: Built) -> None:
+    """The command pair a container image uses: `rillet serve` starts on the saved steps (the
+    pool here is sized from memory, not the build's 4 blocks) and starts no compile."""
+    sets = [s.removeprefix("--set=") for s in _overrides(built.settings)]
+    server = RilletProcess("serve", *sets, "cache.memory_gb=0.01", env=_inductor_env())
+    try:
+        server.wait_for_line("compiled graph in use (saved artifact)", 300)
+    finally:
+        server.kill()
+    assert "decode step: loaded the compiled artifact" in server.log
+    assert "verify-q4 step: loaded the compiled artifact" in server.log
+    assert "building compiled steps" not in server.log and "compile process" not in server.log
 
 
 def test_saved_steps_give_the_eager_tokens(served: tuple[LLM, GraphRunner, list[str]]) -> None:
