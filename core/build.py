@@ -12,34 +12,30 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 import torch
 from rillet.core.attention.base import AttentionBackend
 from rillet.core.attention.invariant import InvariantAttentionBackend
 from rillet.core.attention.kv_cache import bytes_per_token, resolve_kv_dtype
 from rillet.core.attention.select import create_attention_backend, select_attention_backend
-from rillet.core.config import CompileMode, ConfigError, RilletConfig
+from rillet.core.config import ConfigError, RilletConfig
 from rillet.core.determinism import startup as deterministic
 from rillet.core.determinism.mode import resolve_deterministic
 from rillet.core.determinism.model import check_supported
+from rillet.core.graph_setup import graph_runner, start_graphs
 from rillet.core.loaders.default_model import default_model_path
 from rillet.core.loaders.gguf_file import GGUFFile, read_gguf
 from rillet.core.loaders.st_folder import StFolder, is_st_folder, read_st_folder, st_decoder_weights
-from rillet.core.loaders.weights_cache import default_cache_dir
 from rillet.core.model.arch import ModelArch
-from rillet.core.model.decoder import DecoderModel, KVCache, allocate_kv_cache, build_model
+from rillet.core.model.decoder import DecoderModel, allocate_kv_cache, build_model
 from rillet.core.model.shapes import shape_arch
 from rillet.core.quant.select import Quantization, resolve_dtype, resolve_quantization
-from rillet.core.runner.graph_adapter import DecoderGraphAdapter
 from rillet.core.runner.model_runner import ModelRunner
 from rillet.core.runner.sampler import Sampler
 from rillet.core.tokenizer.tokenizer import Tokenizer
 from rillet.graphs.buckets import resolve_buckets
-from rillet.graphs.compiled import resolve_compile_mode, set_compile_cache_dir
-from rillet.graphs.runner import GraphRunner, resolve_decode_mode
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +187,8 @@ def load_model(
                 arch, weights = st_decoder_weights(arch, src.path, weights)
         backend = make_backend(cfg, arch, device, dtype)
         model = build_model(arch, backend, dtype, device, cfg.model.max_model_len)
-        model.load_weights(weights)
+        # int4: each projection is quantized as soon as it is read (a lean load: core/model/weights.py)
+        model.load_weights(weights, int4=precision.quantization == "int4")
     maybe_quantize(precision.quantization, model)
     if isinstance(model.backend, InvariantAttentionBackend):
         deterministic.finish(model, model.backend.rows, cfg.cache.block_size)
@@ -234,81 +231,7 @@ def model_runner(
     kv_dtype = resolve_kv_dtype(cfg.cache.dtype, dtype, device)
     kv = allocate_kv_cache(arch, num_blocks, cfg.cache.block_size, kv_dtype, device)
     sampler = Sampler(arch.vocab_size, eos, device)
-    graphs = _graph_runner(cfg, model, kv, device)
+    graphs = graph_runner(cfg, model, kv, device, max_blocks_per_seq(cfg, model.arch))
+    if graphs is not None:
+        start_graphs(graphs)
     return ModelRunner(model, kv, sampler, cfg.cache.block_size, device, graphs)
-
-
-def _graph_runner(
-    cfg: RilletConfig, model: DecoderModel, kv: list[KVCache], device: torch.device
-) -> GraphRunner | None:
-    """The decode step's graph path, logged with the reason: CUDA graphs captured now (CUDA), or
-    the compiled step built on a background thread while eager serves (CPU), or none."""
-    mode, why = _decode_mode(cfg, model, device)
-    log.info("decode step: %s (%s)", mode.replace("_", " "), why)
-    if mode == "eager":
-        return None
-    compile_mode, how = resolve_compile_mode(cfg.graphs.compile_mode, device, model.int4_weights)
-    verify_q = _verify_queries(cfg, model)
-    log.info("decode step compile mode: %s (%s)", compile_mode, how)
-    graphs = GraphRunner(
-        DecoderGraphAdapter(model, kv, cfg.cache.block_size),
-        replace(cfg.graphs, compile_mode=cast(CompileMode, compile_mode)),
-        max_num_seqs=cfg.scheduler.max_num_seqs,
-        max_blocks_per_seq=max_blocks_per_seq(cfg, model.arch),
-        device=device,
-        verify_queries=verify_q,
-        verify_max_rows=cfg.speculative.max_batch,
-    )
-    if mode == "cuda_graphs":
-        graphs.capture()
-    else:
-        base = Path(cfg.model.cache_dir).expanduser() if cfg.model.cache_dir else default_cache_dir()
-        where = set_compile_cache_dir(base / "torch-compile")
-        log.info("compile caches (Inductor FX graph, AOTAutograd): %s", where)
-        graphs.start_compile(background=True)
-    return graphs
-
-
-def _verify_queries(cfg: RilletConfig, model: DecoderModel) -> int:
-    """Q of the speculative verify step's graph (graphs/verify.py): 1 + speculative.num_tokens
-    queries a row, for up to speculative.max_batch rows. 0 (no verify graph) when speculation is
-    off, under tensor parallelism (the ranks verify in the flat layout, eager), or for a backend
-    without a verify step."""
-    sc = cfg.speculative
-    backend = model.backend
-    if not sc.enabled or cfg.parallel.tensor_parallel_size > 1:
-        return 0
-    if not backend.graph_safe_decode and not hasattr(backend, "begin_verify"):
-        return 0
-    return 1 + sc.num_tokens
-
-
-def _decode_mode(cfg: RilletConfig, model: DecoderModel, device: torch.device) -> tuple[str, str]:
-    try:
-        mode, why = resolve_decode_mode(cfg.graphs, device)
-    except ValueError as exc:
-        raise ConfigError("graphs.enabled", str(exc).split(": ", 1)[-1]) from exc
-    backend = model.backend
-    if isinstance(backend, InvariantAttentionBackend) and mode != "eager":
-        if cfg.graphs.enabled == "on":
-            raise ConfigError(
-                "graphs.enabled",
-                "'on' compiles the decode step, which engine.deterministic 'on' does not serve "
-                "(its fused kernels round differently from the eager step); use 'auto' or 'off'",
-            )
-        return "eager", "engine.deterministic on: the eager step only, from the first request on"
-    if mode == "cuda_graphs" and not backend.supports_cuda_graphs:
-        return "eager", f"the {backend.name} attention backend cannot be captured"
-    if mode == "compiled" and not backend.graph_safe_decode:
-        return "eager", f"the {backend.name} attention backend has no graph-safe decode"
-    if mode == "compiled" and cfg.parallel.tensor_parallel_size > 1:
-        # The compile runs (and times) the step on a background thread, each rank on its own
-        # schedule: its all-reduces would pair with another rank's step, not with its own.
-        if cfg.graphs.enabled == "on":
-            raise ConfigError(
-                "graphs.enabled",
-                "'on' on CPU compiles the decode step in the background, which tensor parallelism "
-                "(parallel.tensor_parallel_size > 1) cannot do; use 'auto' or 'off'",
-            )
-        return "eager", "tensor parallelism on CPU: the ranks cannot compile in the background"
-    return mode, why

@@ -21,28 +21,36 @@ belongs to the thread that built the model, and a forward on any other thread ra
 (measured: 19-21 ms vs 8.2 ms at batch 2, eager), enough to time the tuned step below as slower
 than eager (25.5 vs 22.9 ms) when on the engine thread it is 1.7x faster.
 
-Modes starting with "max-autotune" freeze the weights on CPU (`freezes`): Inductor's CPU GEMM
-templates only take weights it may treat as constants, and its weight-only int4 template
-(an AVX-512 micro-kernel fused with the norm before it) beat aten's int4 kernel by 1.5-2x per
-projection at one row (autotuned per shape at compile time against that kernel).
+With an artifact plan (`plan`: graphs/aot/), the step is first looked up as a saved AOTInductor
+library under the model's key, and built and saved when there is none (in a niced child process
+when the plan has a builder): a restart then loads it in a second or two and compiles nothing.
+Its row dimension starts at 1 (export keeps that symbol), so the one library serves batch 1 as
+well, and the KV pool's block count is an input dimension: another pool size reuses it. When no
+plan is given, or the model cannot be saved, or the artifact path fails, the step is compiled
+with torch.compile as described above.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import statistics
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
-from typing import TypeVar, cast
+from collections.abc import Callable
+from typing import cast
 
 import torch
+from rillet.graphs.aot.saved import AotPlan, Progress, SavedSteps
+from rillet.graphs.compile_modes import compile_decode, freezes, mark_batch_dynamic
+from rillet.graphs.compile_thread import (
+    COMPILE_SWITCH_INTERVAL_S,
+    cache_hits,
+    gil_switch_interval,
+    lower_this_threads_priority,
+    summary,
+)
 from rillet.graphs.frozen import frozen_weights
-from rillet.graphs.interface import DecodeBatch, DecodeModel
+from rillet.graphs.interface import DecodeBatch, DecodeModel, SavableModel
 from rillet.graphs.static_buffers import StaticBuffers
 from rillet.graphs.verify import CompiledVerify
 
@@ -55,91 +63,8 @@ CHECK_RUNS = 7  # timed calls of each path for `graphs.enabled: auto`, interleav
 # between two engine steps of a live server (the host's other threads busy), which can slow
 # either path by 30 % for a moment; compiled measured 1.2-1.7x faster on every CPU model tried
 SLOWER_THAN_EAGER = 1.10
-COMPILE_NICE = 10  # added to the compile thread's nice value: the engine thread's steps come first
-# The interpreter's GIL switch interval while a compile runs (default 5 ms). Dynamo and Inductor
-# hold the GIL in pure Python for seconds; the engine thread gives it up in every torch op, and
-# each time waited up to the interval to get it back: 1-token requests took up to 12.3 s during a
-# cold compile of the default model (measured), at 0.5 ms up to 1-2 s. Restored when it ends.
-COMPILE_SWITCH_INTERVAL_S = 0.0005
 
 DecodeFn = Callable[[DecodeBatch], torch.Tensor]
-StepFn = TypeVar("StepFn", bound=Callable[..., torch.Tensor])
-
-
-def set_compile_cache_dir(base: Path) -> Path:
-    """Points Inductor's on-disk caches at a folder of `base` per CPU-ISA cap, unless
-    TORCHINDUCTOR_CACHE_DIR names another place than torch's default (torch itself writes its
-    default there once it has looked).
-
-    Inductor vectorises for the ISA that ATEN_CPU_CAPABILITY allows (AVX2 under `avx2`), but its
-    FX-graph cache key leaves the cap out: a process without the cap then loads the AVX2 wrapper
-    and builds its C++ for AVX-512, whose vectors are twice as wide as the loops step, and
-    corrupts the heap (seen: "double free or corruption" in the first compiled step). One folder
-    per cap keeps their entries apart."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if current and os.path.abspath(current) != os.path.abspath(default_cache_dir()):
-        return Path(current)
-    path = base / f"isa-{os.environ.get('ATEN_CPU_CAPABILITY') or 'native'}"
-    path.mkdir(parents=True, exist_ok=True)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
-    return path
-
-
-def resolve_compile_mode(requested: str, device: torch.device, int4_weights: bool) -> tuple[str, str]:
-    """graphs.compile_mode -> (the torch.compile mode, why), for the start-up log. auto: the
-    autotuned mode with frozen weights for a CPU model whose projections are weight-only int4
-    (measured on the default model at batch 1: ~180 tok/s offline against 133-142 in mode default,
-    whose int4 matmuls stay aten's kernel), "default" otherwise (the GPU path was measured with it)."""
-    if requested != "auto":
-        return requested, f"graphs.compile_mode {requested}"
-    if device.type == "cpu" and int4_weights:
-        why = "auto, CPU with int4 weights: Inductor's int4 GEMM template, autotuned, weights frozen"
-        return "max-autotune-no-cudagraphs", why
-    return "default", "auto"
-
-
-def freezes(mode: str, device: torch.device) -> bool:
-    """Whether a compile in `mode` on `device` freezes the weights (see the module docstring)."""
-    return device.type == "cpu" and mode.startswith("max-autotune")
-
-
-def compile_decode(fn: StepFn, mode: str) -> StepFn:
-    """torch.compile with no graph breaks allowed; mode "none" = fn itself.
-
-    Compiles a fresh wrapper with a code object of its own: dynamo keeps its compiled entries
-    per code object, so two models (or two engines in one process) never share, evict or
-    outnumber (dynamo's recompile limit) each other's graphs."""
-    if mode == "none":
-        return fn
-    if mode == "reduce-overhead":
-        # that mode captures CUDA graphs of its own, inside ours (on CPU it has nothing to capture)
-        logger.info("graphs.compile_mode 'reduce-overhead': compiling with 'default' (graphs are ours)")
-        mode = "default"
-
-    def decode_step(batch: object) -> torch.Tensor:
-        return fn(batch)
-
-    decode_step.__code__ = decode_step.__code__.replace(co_name=f"decode_step_{id(decode_step):x}")
-    return cast(StepFn, torch.compile(decode_step, fullgraph=True, mode=mode))
-
-
-def mark_batch_dynamic(batch: DecodeBatch, width: bool = False, strict: bool = False) -> None:
-    """Compile the row dimension (and with `width`, the block-table width) as symbols, so one
-    graph serves every size (a compile per bucket would cost minutes for a 7B model). Size 1 is
-    always specialised by dynamo. `strict`: if the model specialised a size after all, dynamo
-    raises; otherwise ("maybe") it specialises and recompiles instead of failing."""
-    mark = torch._dynamo.mark_dynamic if strict else torch._dynamo.maybe_mark_dynamic
-    if width:  # the batch-1 graph too: its width varies like every other's
-        mark(batch.block_tables, 1)
-    if batch.num_rows < 2:
-        return
-    for t in (batch.input_ids, batch.positions, batch.slot_mapping, batch.seq_lens, batch.block_tables):
-        mark(t, 0)
-    if batch.lora_slots is not None:
-        mark(batch.lora_slots, 0)
-    mark(batch.query_start, 0)
 
 
 class CompiledDecode:
@@ -155,14 +80,16 @@ class CompiledDecode:
         check_faster: bool,
         with_batch_1: bool,
         verify: CompiledVerify | None = None,
+        plan: AotPlan | None = None,
     ) -> None:
         self.model = model
+        self.plan = plan  # saved artifacts (graphs/aot/): loaded, or built and saved, before compiling
         self.verify = verify  # speculative decoding: compiled after the decode graphs
         self.device = device
         self.compile_mode = compile_mode
         self.check_faster = check_faster  # graphs.enabled auto: keep it only when measured faster
         self.with_batch_1 = with_batch_1
-        self.fn = compile_decode(model.forward_decode, compile_mode)
+        self.fn: DecodeFn = compile_decode(model.forward_decode, compile_mode)
         # the compiles' own inputs: never the buffers the engine fills while it serves eager
         self._warm = StaticBuffers.allocate(COMPILE_ROWS, max(max_blocks_per_seq, COMPILE_WIDTH), device)
         self.ready = False  # the general graph (rows >= 2) is compiled and chosen
@@ -194,6 +121,8 @@ class CompiledDecode:
         """The engine is closing: compile nothing more. A compile in flight cannot be interrupted;
         the thread ends after it (at most one graph's compile, ~50 s cold on 2 cores)."""
         self._stopping.set()
+        if self.plan is not None and self.plan.builder is not None:
+            self.plan.builder.cancel()  # a child process: ended at once, nothing half-saved
         if self._thread is not None and self._thread.is_alive():
             logger.info("closing: the decode step's compile in flight finishes first (not interruptible)")
         elif self._check_due:
@@ -232,14 +161,14 @@ class CompiledDecode:
     def _run(self) -> None:
         on_own_thread = threading.current_thread() is self._thread
         if on_own_thread:
-            _lower_this_threads_priority()
+            lower_this_threads_priority()
         interval = COMPILE_SWITCH_INTERVAL_S if on_own_thread else None
         try:
-            with torch.inference_mode(), _gil_switch_interval(interval):
+            with torch.inference_mode(), gil_switch_interval(interval):
                 self._compile_all()
         except Exception as exc:  # a compile error must not take the server down: stay eager
             self._check_due = False
-            self.failed = _summary(exc)
+            self.failed = summary(exc)
             if self._stopping.is_set():  # the engine closed under it (its runtime is going away)
                 logger.debug("compile ended with the engine: %s", self.failed)
             else:
@@ -252,6 +181,9 @@ class CompiledDecode:
 
     def _compile_all(self) -> None:
         total = time.perf_counter()
+        if self.plan is not None and self._from_artifacts(self.plan):
+            self._finish(self._warm.padding(COMPILE_ROWS, COMPILE_WIDTH), total)
+            return
         mode = self.compile_mode + (", weights frozen" if self.freeze else "")
         logger.info("compiling the decode step (torch.compile, mode %s) in the background", mode)
         if self.freeze:
@@ -273,6 +205,9 @@ class CompiledDecode:
             self.ready_1 = not self.check_faster
         if self.verify is not None and not self._stopping.is_set():
             self._compile_verify(self.verify)
+        self._finish(batch, total)
+
+    def _finish(self, batch: DecodeBatch, total: float) -> None:
         logger.info(
             "decode step compiled in %.1f s (%s)",
             time.perf_counter() - total,
@@ -285,6 +220,49 @@ class CompiledDecode:
         else:
             self.settled = True
 
+    def _from_artifacts(self, plan: AotPlan) -> bool:
+        """The steps from saved artifacts (built first if missing); False: compile them instead."""
+        verify = self.verify
+        try:
+            steps = self._saved_steps(plan)
+            if steps is None:
+                logger.info("decode step: this model's compiled step cannot be saved (torch.compile)")
+                return False
+            got = steps.obtain(self._example(), verify.example() if verify else None, self._stopping)
+        except Exception as exc:  # a failed build or load: torch.compile, as without artifacts
+            logger.warning("compiled artifacts unusable (%s): compiling with torch.compile", summary(exc))
+            return False
+        if got is None:
+            return True  # the engine is closing: nothing is published
+        self.fn, self.seconds = got.decode, got.seconds
+        if verify is not None and got.verify is not None:
+            verify.use(got.verify)
+        if not self.check_faster:
+            self.ready_1 = self.with_batch_1  # one library serves every row count
+            self.ready = True
+            logger.info("decode step: compiled graph in use (saved artifact)")
+        return True
+
+    def build_artifacts(self, progress: Progress | None = None) -> list[str]:
+        """The missing saved steps, built in this process (see GraphRunner.build_artifacts)."""
+        steps = self._saved_steps(self.plan) if self.plan is not None else None
+        if steps is None:
+            raise RuntimeError("nothing is saved for this step (no plan, or a model that cannot be)")
+        missing = steps.missing()
+        with torch.inference_mode():
+            example = self.verify.example() if self.verify is not None else None
+            steps.build(missing, self._example(), example, progress)
+        return missing
+
+    def _saved_steps(self, plan: AotPlan) -> SavedSteps | None:
+        model = cast(SavableModel, self.model)
+        if model.graph_key() is None:
+            return None
+        return SavedSteps(model, plan, self.compile_mode, self.freeze, verify=self.verify is not None)
+
+    def _example(self) -> DecodeBatch:
+        return self._warm.padding(COMPILE_ROWS, COMPILE_WIDTH)
+
     def _compile_verify(self, verify: CompiledVerify) -> None:
         """A failed verify compile leaves verify steps eager; the decode graphs stay in use."""
         try:
@@ -292,7 +270,7 @@ class CompiledDecode:
                 verify.compile(self._stopping.is_set)
             self.seconds["verify"] = verify.seconds
         except Exception as exc:
-            verify.failed = _summary(exc)
+            verify.failed = summary(exc)
             logger.warning("compiled verify step off, verifying eager: compile failed (%s)", verify.failed)
 
     def _decide(self) -> None:
@@ -302,7 +280,7 @@ class CompiledDecode:
             with torch.inference_mode():
                 keep = self._faster(self._check_batch)
         except Exception as exc:  # the compiled step failed to run: stay eager
-            self.failed = _summary(exc)
+            self.failed = summary(exc)
             logger.warning("compiled decode off, serving eager: the compiled step failed (%s)", self.failed)
             keep = False
         if keep:
@@ -312,13 +290,13 @@ class CompiledDecode:
         self._done.set()
 
     def _timed(self, name: str, batch: DecodeBatch) -> None:
-        hits = _cache_hits()
+        hits = cache_hits()
         start = time.perf_counter()
         self.model.prepare_decode(batch)
         with frozen_weights(self._weights_key):
             self.fn(batch)
         self.seconds[name] = time.perf_counter() - start
-        cached = "Inductor cache hit" if _cache_hits() > hits else "compiled"
+        cached = "Inductor cache hit" if cache_hits() > hits else "compiled"
         logger.info("decode graph for %s: %.1f s (%s)", name, self.seconds[name], cached)
 
     def _faster(self, batch: DecodeBatch) -> bool:
@@ -339,41 +317,3 @@ class CompiledDecode:
         self.failed = f"compiled {c:.2f} ms vs eager {e:.2f} ms per step (batch 2): slower"
         logger.info("decode step stays eager: %s", self.failed)
         return False
-
-
-def _summary(exc: Exception) -> str:
-    """An error as one log-sized line: its type and the first line of its message."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
-
-
-@contextmanager
-def _gil_switch_interval(seconds: float | None) -> Iterator[None]:
-    """sys.setswitchinterval for the duration (process-wide: restored unless changed meanwhile)."""
-    if seconds is None:
-        yield
-        return
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(seconds)
-    try:
-        yield
-    finally:
-        if sys.getswitchinterval() == seconds:
-            sys.setswitchinterval(before)
-
-
-def _lower_this_threads_priority() -> None:
-    """Nice the calling thread (Linux: nice is per thread; the OpenMP workers it starts and the
-    compiler processes Inductor forks inherit it), so that a cold compile (about a minute of
-    C++ on 2 cores) does not delay the steps that serve meanwhile: the first token included."""
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + COMPILE_NICE))
-    except (AttributeError, OSError) as exc:  # not Linux, or not allowed: compile at normal priority
-        logger.debug("compile thread keeps its priority: %s", exc)
-
-
-def _cache_hits() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["inductor"]["fxgraph_cache_hit"])

@@ -16,6 +16,7 @@ So a padding row attends to one dummy key, stays finite, and its output row is t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -106,6 +107,33 @@ class VerifyModel(Protocol):
     def prepare_verify(self, batch: VerifyBatch) -> None: ...
 
     def forward_verify(self, batch: VerifyBatch) -> torch.Tensor: ...
+
+
+class SavableModel(Protocol):
+    """A model whose compiled steps can be saved to disk and loaded by a later process
+    (graphs/aot/): the steps are exported with every tensor they write or that varies with the
+    config (the KV pool) as an input, never read from the model, so that one saved step serves
+    any pool size, and with only the weights inside.
+
+    `step_state` is that list: each tensor's first dimension is the pool's block count (the
+    exported step takes it as a symbol), the other dimensions fixed by the model. The
+    `*_with` forwards are DecodeModel's and VerifyModel's over it. `weights_module` holds every
+    parameter and buffer the forwards read (they become constants of the compiled code).
+    `graph_key` describes what else shapes the traced code (architecture, dtypes, backend, a
+    digest of the source), or is None when this model cannot be saved (e.g. LoRA buffers, which
+    a step reads but a saved one would freeze)."""
+
+    def step_state(self) -> list[torch.Tensor]: ...
+
+    def weights_module(self) -> torch.nn.Module: ...
+
+    def forward_decode_with(self, batch: DecodeBatch, state: Sequence[torch.Tensor]) -> torch.Tensor: ...
+
+    def forward_verify_with(self, batch: VerifyBatch, state: Sequence[torch.Tensor]) -> torch.Tensor: ...
+
+    def graph_key(self) -> str | None: ...
+
+    def weights_key(self) -> str: ...
 
 
 class GraphSettings(Protocol):

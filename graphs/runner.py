@@ -27,8 +27,10 @@ from contextlib import contextmanager
 from typing import Any, Literal, cast
 
 import torch
+from rillet.graphs.aot.saved import AotPlan, Progress
 from rillet.graphs.buckets import resolve_buckets, select_bucket
-from rillet.graphs.compiled import MIN_WIDTH, CompiledDecode, compile_decode, mark_batch_dynamic
+from rillet.graphs.compile_modes import compile_decode, mark_batch_dynamic
+from rillet.graphs.compiled import MIN_WIDTH, CompiledDecode
 from rillet.graphs.interface import DecodeBatch, DecodeModel, GraphSettings, VerifyBatch, VerifyModel
 from rillet.graphs.static_buffers import StaticBuffers
 from rillet.graphs.verify import CompiledVerify, VerifyBuffers, mark_verify_dynamic
@@ -78,11 +80,13 @@ class GraphRunner:
         pad_to_buckets: bool | None = None,
         verify_queries: int = 0,
         verify_max_rows: int = 0,
+        plan: AotPlan | None = None,
     ) -> None:
         """`pad_to_buckets`: run the compiled CPU step padded to buckets as CUDA graphs are
         (None = only on CUDA, where it is required). `verify_queries`: Q of the speculative verify
         step (0 = none; the model is then also a VerifyModel), run as a graph for batches of up to
-        `verify_max_rows` rows (graphs/verify.py)."""
+        `verify_max_rows` rows (graphs/verify.py). `plan`: the compiled CPU step from saved
+        artifacts (graphs/aot/), built and saved when missing."""
         self.model = model
         self.device = torch.device(device)
         self.buckets = resolve_buckets(settings.buckets, max_num_seqs)
@@ -116,6 +120,7 @@ class GraphRunner:
                 check_faster=settings.enabled == "auto",
                 with_batch_1=self.buckets[0] == 1,
                 verify=self.verify_compiled,
+                plan=plan,
             )
         self.padded = self.use_graphs or pad_eager
         self.static: StaticBuffers | None = None
@@ -140,6 +145,13 @@ class GraphRunner:
         `compiled.ready`. A no-op when the mode is not "compiled"."""
         if self.compiled is not None:
             self.compiled.start(background)
+
+    def build_artifacts(self, progress: Progress | None = None) -> list[str]:
+        """`rillet compile`: build and save, here and now, the artifacts that start_compile would
+        load; returns the steps built (those already saved are kept)."""
+        if self.compiled is None:
+            raise RuntimeError(f"no compiled CPU step to build (decode mode: {self.mode})")
+        return self.compiled.build_artifacts(progress)
 
     def stop(self) -> None:
         """The engine is closing: no more background compiling (see CompiledDecode.stop)."""

@@ -170,6 +170,17 @@ class CompiledVerify:
         self.failed: str | None = None
         self.seconds = 0.0
 
+    def example(self) -> VerifyBatch:
+        """The padding batch a compile (or a saved step's export and check) runs on."""
+        return self._warm.padding(COMPILE_ROWS, COMPILE_WIDTH, COMPILE_QUERIES)
+
+    def use(self, fn: Callable[[VerifyBatch], torch.Tensor]) -> None:
+        """A saved step (graphs/aot/) instead of compiling: its rows start at 1 and its Q is
+        dynamic, so it serves a single row too."""
+        self.fn = fn
+        self.ready = True
+        self.ready_1 = True
+
     def compile(self, stopping: Callable[[], bool] = lambda: False) -> None:
         start = time.perf_counter()
         self._run_example(COMPILE_ROWS)

@@ -1,5 +1,6 @@
 """The `rillet` command: `rillet serve ...`, `rillet worker ...` (another host's tensor-parallel
-ranks) and `rillet config --print ...`.
+ranks), `rillet compile ...` (save the compiled CPU decode step ahead of time, core/compile_ahead.py)
+and `rillet config --print ...`.
 
 Every flag is a shorthand for a `--set section.key=value` override, applied after `--set`, so
 there is one validation path (core/config.py) and one kind of error: a bad key or value exits
@@ -44,7 +45,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rillet", description="OpenAI-compatible LLM inference server")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,worker,config}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,worker,compile,config}")
     serve = sub.add_parser("serve", help="start the server")
     _add_config_args(serve)
     serve.add_argument("--model", metavar="PATH", help="model file or folder (= --set model.path=PATH)")
@@ -65,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_args(worker)
     worker.add_argument("--log-level", help="DEBUG | INFO | WARNING | ERROR (= --set logging.level=L)")
+    compile_ = sub.add_parser(
+        "compile",
+        help="build and save the compiled decode step (and verify step) of a config, then exit: "
+        "`rillet serve` with the same config then loads them and compiles nothing",
+    )
+    _add_config_args(compile_)
+    compile_.add_argument("--model", metavar="PATH", help="model file or folder (= --set model.path=PATH)")
+    compile_.add_argument("--log-level", help="DEBUG | INFO | WARNING | ERROR (= --set logging.level=L)")
     config = sub.add_parser("config", help="show the effective configuration")
     _add_config_args(config)
     config.add_argument("--print", action="store_true", help="print the effective config as YAML (default)")
@@ -112,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _setup_logging(cfg.logging.level)
     if args.command == "worker":
         return _worker(cfg)
+    if args.command == "compile":
+        return _compile(cfg)
     from rillet.http.serve import serve  # `rillet config` stays light
 
     try:
@@ -129,6 +140,21 @@ def _worker(cfg: RilletConfig) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"rillet: error: {exc}\n")
         return EXIT_USAGE
+
+
+def _compile(cfg: RilletConfig) -> int:
+    from rillet.core.compile_ahead import compile_artifacts  # imports torch: only for this command
+
+    def say(line: str) -> None:  # the progress lines are the command's output
+        sys.stdout.write(f"rillet compile: {line}\n")
+        sys.stdout.flush()
+
+    try:
+        compile_artifacts(cfg, say)
+    except ConfigError as exc:
+        sys.stderr.write(f"rillet: error: {exc}\n")
+        return EXIT_USAGE
+    return 0
 
 
 if __name__ == "__main__":

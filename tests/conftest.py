@@ -157,6 +157,33 @@ def _compile_switch() -> Iterator[dict[str, bool]]:
         yield switch
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _artifacts_switch() -> Iterator[dict[str, bool]]:
+    """`graphs.artifacts: on` (the default) saves the compiled CPU step under model.cache_dir and
+    builds a missing one in a child process. Only tests marked `artifacts` take that path; the other
+    compiled tests keep testing torch.compile, and none writes into the user's cache folder."""
+    from rillet.core import graph_setup
+
+    switch = {"on": False}
+    real = graph_setup.artifact_plan
+
+    def artifact_plan(cfg: Any, model: Any, in_process: bool = False) -> Any:
+        return real(cfg, model, in_process) if switch["on"] else None
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(graph_setup, "artifact_plan", artifact_plan)
+        yield switch
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _artifacts_in_marked_modules(
+    request: pytest.FixtureRequest, _artifacts_switch: dict[str, bool]
+) -> Iterator[None]:
+    _artifacts_switch["on"] = request.node.get_closest_marker("artifacts") is not None
+    yield
+    _artifacts_switch["on"] = False
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _compile_in_marked_modules(
     request: pytest.FixtureRequest, _compile_switch: dict[str, bool]

@@ -1,14 +1,22 @@
-"""Start-up with the compiled CPU decode step: cold vs warm (cached) compile, default model.
+"""Start-up with the compiled CPU decode step, default model: cold, warm, warm after a pool change.
 
-Each run is a fresh process (nothing in memory carries over). "cold" points Inductor's on-disk
-caches (FX graph, AOTAutograd) at an empty folder; "warm" runs again on the folder the cold run
-filled, as a restart of the server would. Per run: seconds from process start to the engine being
-ready and to the first generated token (served eager while the step compiles in the background),
-the compile of each graph (rows >= 2, rows == 1) and in all, the latency of 1-token requests sent
-every 0.5 s while it compiles (median, max), the decode step's ms/token at batch 1 once compiled,
-and peak RSS. Prints a table last, writes JSON.
+Each run is a fresh process (nothing in memory carries over) over one cache folder per series
+(`model.cache_dir`: the saved steps, and Inductor's own caches under it):
+  cold        an empty folder: the saved step is built (graphs.artifacts on: by a niced child
+              process; off: torch.compile on a thread of the engine's process)
+  warm        the folder the cold run filled: a restart
+  warm+blocks the same, with another `cache.num_blocks` (the pool size is an input of a saved
+              step: nothing is built again)
+Series: `artifacts` (graphs.artifacts on, the default) and, with --baseline, `torch.compile`
+(graphs.artifacts off: what came before, for the same run).
 
-    .venv/bin/python bench/compile_time.py [--set model.quantization=none]
+Per run: seconds from process start to the engine being ready, to the first generated token
+(served eager while the step is built), and to the compiled step in use; how the step was
+obtained; the latency of 1-token requests sent every 0.5 s until then (p50, p99, max: what a user
+sees during a cold compile); the decode step's ms/token at batch 1 once compiled; peak and final
+RSS. Prints a table last, writes JSON.
+
+    nice -n 19 .venv/bin/python -m bench.engine.compile_time [--baseline] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -21,10 +29,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
 from bench.lib.common import REPO
 
 START = time.perf_counter()  # process start, as near as a script gets
+BLOCKS, OTHER_BLOCKS = 256, 320
 
 
 def child(overrides: list[str]) -> dict[str, object]:
@@ -34,7 +45,7 @@ def child(overrides: list[str]) -> dict[str, object]:
 
     from bench.lib.common import peak_rss_mib
 
-    cfg = config_from_dict({"model": {"device": "cpu"}, "cache": {"num_blocks": 256}}, overrides)
+    cfg = config_from_dict({"model": {"device": "cpu"}, "cache": {"num_blocks": BLOCKS}}, overrides)
     with LLM(cfg) as llm:
         ready = time.perf_counter() - START
         one = SamplingParams(max_tokens=1, temperature=0.0)
@@ -53,22 +64,61 @@ def child(overrides: list[str]) -> dict[str, object]:
         t0 = time.perf_counter()
         out = llm.generate(["Write a short poem about the sea."], params)
         ms = (time.perf_counter() - t0) * 1e3 / len(out[0].outputs[0].token_ids)
+        seconds = gr.compiled.seconds
+        how = "loaded" if "lookup" in seconds else ("built" if "build" in seconds else "torch.compile")
         return {
             "ready_s": ready,
             "first_token_s": first_token,
             "compiled_at_s": compiled_at,
+            "step": how,
+            "meanwhile_n": len(waits),
             "meanwhile_1tok_p50_s": statistics.median(waits) if waits else None,
+            "meanwhile_1tok_p99_s": _quantile(waits, 0.99),
             "meanwhile_1tok_max_s": max(waits, default=None),
-            "compile_s": gr.compiled.seconds,
+            "compile_s": seconds,
             "decode": "compiled" if gr.compiled.ready else f"eager ({gr.compiled.failed})",
             "ms_per_token_b1": ms,
             "peak_rss_mib": peak_rss_mib(),
+            "final_rss_mib": _rss_mib(),
         }
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run_series(name: str, overrides: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="rillet-compile-") as cache:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(Path(cache) / "inductor")}
+        base = [*overrides, f"model.cache_dir={cache}"]
+        for run, extra in (("cold", []), ("warm", []), ("warm+blocks", [f"cache.num_blocks={OTHER_BLOCKS}"])):
+            cmd = [sys.executable, "-m", "bench.engine.compile_time", "--child"]
+            cmd += [f"--set={s}" for s in [*base, *extra]]
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"{name} {run} failed:\n{done.stderr[-4000:]}")
+            r = json.loads(done.stdout.strip().splitlines()[-1])
+            compile_s = r.pop("compile_s")
+            rows.append({"series": name, "run": run, **r, **{f"{k} s": v for k, v in compile_s.items()}})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--set", action="append", default=[], help="rillet config override")
+    ap.add_argument("--baseline", action="store_true", help="also graphs.artifacts off (torch.compile)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="bench/out/compile_time.json")
     a = ap.parse_args()
@@ -77,23 +127,12 @@ def main() -> None:
         return
     from bench.lib.common import table, write_json
 
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="rillet-compile-") as cache:
-        for run in ("cold", "warm"):
-            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
-            cmd = [
-                sys.executable,
-                "-m",
-                "bench.engine.compile_time",
-                "--child",
-                *[f"--set={s}" for s in a.set],
-            ]
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, cwd=REPO).stdout
-            r = json.loads(out.strip().splitlines()[-1])
-            compile_s = r.pop("compile_s")
-            rows.append({"run": run, **r, **{f"compile {k} s": v for k, v in compile_s.items()}})
+    rows = run_series("artifacts", [*a.set, "graphs.artifacts=on"])
+    if a.baseline:
+        rows += run_series("torch.compile", [*a.set, "graphs.artifacts=off"])
     write_json(a.out, {"overrides": a.set, "rows": rows})
-    print(table(rows, list(rows[0])))
+    cols = sorted({c for r in rows for c in r}, key=lambda c: next(i for i, r in enumerate(rows) if c in r))
+    print(table(rows, cols))
 
 
 if __name__ == "__main__":

@@ -61,6 +61,9 @@ class GraphConfig:
     # auto: max-autotune-no-cudagraphs for CPU models with int4 weights (Inductor's int4 GEMM
     # template, weights frozen: graphs/compiled.py), default otherwise
     compile_mode: CompileMode = "auto"
+    # CPU: the compiled step saved as an AOTInductor package under model.cache_dir/compiled and
+    # loaded by the next start (graphs/aot/); off: torch.compile at every start
+    artifacts: Literal["on", "off"] = "on"
 
     def __post_init__(self) -> None:
         check(all(b >= 1 for b in self.buckets), "graphs.buckets", "every bucket must be >= 1")

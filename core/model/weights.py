@@ -12,7 +12,8 @@ model then maps each canonical name to a slice of its fused parameters (`weight_
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import torch
@@ -100,19 +101,30 @@ def expert_targets(
 
 
 def load_into(
-    targets: dict[str, Target], weights: Iterable[tuple[str, torch.Tensor]], arch: ModelArch, tied: bool
+    targets: dict[str, Target],
+    weights: Iterable[tuple[str, torch.Tensor]],
+    arch: ModelArch,
+    tied: bool,
+    on_filled: Callable[[nn.Parameter], None] | None = None,
 ) -> None:
     """Copy HF-named tensors into the targets' parameters (casting dtype/device); `tied`: the
-    LM head is the embedding (a file's lm_head.weight is skipped).
+    LM head is the embedding (a file's lm_head.weight is skipped). `on_filled(param)` runs once
+    every part of a parameter is in, while the rest still loads (the int4 model quantizes each
+    projection then: one float32 matrix at a time, never the whole float32 model), and the
+    parameter is no longer referenced here afterwards.
 
     Raises ValueError on an unknown name, a shape mismatch, or a parameter left unfilled.
     """
     loaded: set[str] = set()
+    names = set(targets)
+    parts_left = Counter(id(param) for name, (param, _, _) in targets.items() if not _skipped(name, tied))
     for file_name, tensor in weights:
         for name, index in canonical_parts(file_name, tuple(tensor.shape), arch):
             if name == "lm_head.weight" and tied:
                 continue  # tied to the embedding: nothing to load
             if name not in targets:
+                if name in loaded:  # a parameter handed over to on_filled already
+                    raise ValueError(f"load_weights: '{file_name}' holds '{name}' a second time")
                 raise ValueError(f"load_weights: unknown weight '{file_name}' for {arch.architecture}")
             param, where, is_norm = targets[name]
             src = tensor[index] if index else tensor
@@ -123,7 +135,21 @@ def load_into(
                 )
             dst.copy_(src.float() + arch.norm_offset if is_norm and arch.norm_offset else src)
             loaded.add(name)
-    missing = sorted(set(targets) - loaded)
+            parts_left[id(param)] -= 1
+            if parts_left[id(param)] == 0 and on_filled is not None:
+                _drop(targets, param)
+                del dst
+                on_filled(param)
+    missing = sorted(names - loaded)
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
         raise ValueError(f"load_weights: missing weights {missing[:5]}{more}")
+
+
+def _skipped(name: str, tied: bool) -> bool:
+    return name == "lm_head.weight" and tied
+
+
+def _drop(targets: dict[str, Target], param: nn.Parameter) -> None:
+    for name in [n for n, (p, _, _) in targets.items() if p is param]:
+        del targets[name]

@@ -24,6 +24,7 @@ from torch import nn
 
 GROUP = 32
 REFINE_TOP_K = 16  # logits per row that Int8Weight.refine recomputes in float32
+_HEAD_ROWS = 4096  # rows of the LM head quantized at a time (Int8Weight)
 
 
 def int4_supported() -> bool:
@@ -106,15 +107,27 @@ class Int8Weight(nn.Module):
 
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
-        w = weight.detach().float()  # [N, K]
-        self.out_features, self.in_features = w.shape
-        scale = (w.abs().amax(1) / 127).clamp(min=1e-12)  # [N]
-        self.register_buffer("row_codes", (w / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8))
-        self.register_buffer("row_scales", scale.to(torch.bfloat16))
-        g = _groups(w)  # [N, K/G, G]
-        s = (g.abs().amax(-1) / 127).clamp(min=1e-12)  # [N, K/G]
-        self.register_buffer("codes", (g / s[..., None]).round_().clamp_(-127, 127).to(torch.int8))
-        self.register_buffer("scales", s)
+        n, k = weight.shape
+        self.out_features, self.in_features = n, k
+        row_codes = torch.empty(n, k, dtype=torch.int8, device=weight.device)
+        row_scales = torch.empty(n, dtype=torch.float32, device=weight.device)
+        codes = torch.empty(n, k // GROUP, GROUP, dtype=torch.int8, device=weight.device)
+        scales = torch.empty(n, k // GROUP, dtype=torch.float32, device=weight.device)
+        # a few thousand rows at a time: the float32 temporaries of a whole vocabulary-sized head
+        # (two of its size) would be the peak of the whole load (elementwise per row: same codes)
+        for lo in range(0, n, _HEAD_ROWS):
+            w = weight[lo : lo + _HEAD_ROWS].detach().float()  # [rows, K]
+            scale = (w.abs().amax(1) / 127).clamp(min=1e-12)  # [rows]
+            row_codes[lo : lo + len(w)] = (w / scale[:, None]).round_().clamp_(-127, 127)
+            row_scales[lo : lo + len(w)] = scale
+            g = _groups(w)  # [rows, K/G, G]
+            s = (g.abs().amax(-1) / 127).clamp(min=1e-12)  # [rows, K/G]
+            codes[lo : lo + len(w)] = (g / s[..., None]).round_().clamp_(-127, 127)
+            scales[lo : lo + len(w)] = s
+        self.register_buffer("row_codes", row_codes)
+        self.register_buffer("row_scales", row_scales.to(torch.bfloat16))
+        self.register_buffer("codes", codes)
+        self.register_buffer("scales", scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] any float -> [..., N] bf16
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)

@@ -1,13 +1,19 @@
-"""The decoder as graphs/ sees it (graphs/interface.py's DecodeModel): host planning, then a
-capturable forward over one decode step."""
+"""The decoder as graphs/ sees it (graphs/interface.py's DecodeModel, VerifyModel and
+SavableModel): host planning, then a capturable forward over one decode step; for a saved step,
+the same forward over a KV pool given as its input."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+from collections.abc import Sequence
+from pathlib import Path
 
+import rillet.graphs
 import torch
 from rillet.core.attention.base import AttentionMetadata, DecodeMetadata, VerifyMetadata
 from rillet.core.model.decoder import DecoderModel, KVCache
+from rillet.graphs.aot.key import source_digest
 from rillet.graphs.frozen import weights_fingerprint
 from rillet.graphs.interface import DecodeBatch, VerifyBatch
 
@@ -57,6 +63,48 @@ class DecoderGraphAdapter:
     def weights_key(self) -> str:
         return weights_fingerprint(itertools.chain(self.model.parameters(), self.model.buffers()))
 
+    # ---- saved steps (graphs/interface.py SavableModel) -----------------------------------------
+    def step_state(self) -> list[torch.Tensor]:
+        """Every layer's pool tensors, flat: k, v (and an int8 pool's two scales), dim 0 = blocks."""
+        return [t for c in self.kv_caches for t in _pool_tensors(c)]
+
+    def weights_module(self) -> torch.nn.Module:
+        return self.model
+
+    def forward_decode_with(self, b: DecodeBatch, state: Sequence[torch.Tensor]) -> torch.Tensor:
+        meta = DecodeMetadata(b.slot_mapping, b.seq_lens, b.block_tables)
+        return self.model(b.input_ids, b.positions, self._caches(state), meta)
+
+    def forward_verify_with(self, b: VerifyBatch, state: Sequence[torch.Tensor]) -> torch.Tensor:
+        meta = VerifyMetadata(b.slot_mapping, b.seq_lens, b.query_lens, b.block_tables)
+        return self.model(b.input_ids.reshape(-1), b.positions.reshape(-1), self._caches(state), meta)
+
+    def graph_key(self) -> str | None:
+        """What shapes a saved step's code besides its weights and its pool's block count: the
+        architecture, the model's dtype, the attention backend, the pool's per-block layout and
+        dtypes, and the source of the code it traces. None when a step cannot be saved: a backend
+        that plans on the host, or LoRA buffers (the step reads them; saved, they would freeze)."""
+        if not self.graph_safe or self.lora is not None:
+            return None
+        pool = [(str(t.dtype), tuple(t.shape[1:])) for t in _pool_tensors(self.kv_caches[0])]
+        parts = [
+            self.model.arch.to_json(),
+            str(self.model.embed_tokens.dtype),
+            self.model.backend.name,
+            repr(pool),
+            str(self.block_size),
+            _source(),
+        ]
+        return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
+
+    def _caches(self, state: Sequence[torch.Tensor]) -> list[KVCache]:
+        per = len(_pool_tensors(self.kv_caches[0]))
+        caches = []
+        for i in range(0, len(state), per):
+            k, v, *scales = state[i : i + per]
+            caches.append(KVCache(k, v, (scales[0], scales[1]) if scales else None))
+        return caches
+
     # ---- speculative verify steps (graphs/interface.py VerifyModel) ---------------------------
     def prepare_verify(self, b: VerifyBatch) -> None:
         if self.graph_safe:
@@ -69,3 +117,13 @@ class DecoderGraphAdapter:
     def forward_verify(self, b: VerifyBatch) -> torch.Tensor:  # [n * Q, H]
         meta = VerifyMetadata(b.slot_mapping, b.seq_lens, b.query_lens, b.block_tables)
         return self.model(b.input_ids.reshape(-1), b.positions.reshape(-1), self.kv_caches, meta)
+
+
+def _pool_tensors(cache: KVCache) -> list[torch.Tensor]:
+    return [cache.k, cache.v, *(cache.scales or ())]
+
+
+def _source() -> str:
+    """A digest of core/ and graphs/: the code a step traces (an edit anywhere there rebuilds;
+    ~10 ms, read once per start)."""
+    return source_digest([Path(__file__).resolve().parents[1], Path(rillet.graphs.__file__).resolve().parent])

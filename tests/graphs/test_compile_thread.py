@@ -62,7 +62,7 @@ def test_compile_thread_runs_at_a_lower_priority() -> None:
     are not slowed by a cold compile; the engine's own threads keep their priority."""
     import os
 
-    from rillet.graphs.compiled import COMPILE_NICE, _lower_this_threads_priority
+    from rillet.graphs.compile_thread import COMPILE_NICE, lower_this_threads_priority
 
     if not hasattr(os, "setpriority"):
         pytest.skip("no per-thread priorities here")
@@ -70,7 +70,7 @@ def test_compile_thread_runs_at_a_lower_priority() -> None:
     seen: list[int] = []
 
     def body() -> None:
-        _lower_this_threads_priority()
+        lower_this_threads_priority()
         seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
 
     t = threading.Thread(target=body)
@@ -230,7 +230,7 @@ def test_the_compile_shortens_the_gil_switch_interval_while_it_runs() -> None:
     thread, which drops it in every torch op, is not held back by up to 5 ms each time."""
     import sys
 
-    from rillet.graphs.compiled import COMPILE_SWITCH_INTERVAL_S
+    from rillet.graphs.compile_thread import COMPILE_SWITCH_INTERVAL_S
 
     seen: list[float] = []
 

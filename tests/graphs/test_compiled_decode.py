@@ -26,7 +26,7 @@ from rillet.core.runner.graph_adapter import DecoderGraphAdapter
 from rillet.core.runner.model_runner import ModelRunner
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import TokenLogprob
-from rillet.graphs.compiled import resolve_compile_mode
+from rillet.graphs.compile_modes import resolve_compile_mode
 from rillet.graphs.interface import DecodeBatch
 from rillet.graphs.runner import GraphRunner
 from torch._dynamo.utils import counters
@@ -294,7 +294,7 @@ def test_compile_cache_is_kept_per_isa_cap(tmp_path: Any, monkeypatch: pytest.Mo
     """A process capped to AVX2 (ATEN_CPU_CAPABILITY) and one without the cap must not share
     Inductor's cache: its key leaves the cap out, and the uncapped process crashed in the AVX2
     entry (tests/core/test_numerics.py runs both, in that order or the other)."""
-    from rillet.graphs.compiled import set_compile_cache_dir
+    from rillet.graphs.compile_modes import set_compile_cache_dir
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     where = {}

@@ -211,3 +211,14 @@ def test_second_signal_exits_at_once() -> None:
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
+
+
+def test_compile_says_why_when_there_is_nothing_to_save(capsys: pytest.CaptureFixture[str]) -> None:
+    """`rillet compile` for a config whose decode step is not compiled and saved on CPU: one line
+    saying why, exit 0 (a container build script can run it for any config)."""
+    rc, out, _ = run_main(capsys, "compile", "--set", "model.kind=synthetic", "--set", "model.device=cpu")
+    assert rc == 0 and out.startswith("rillet compile: nothing to compile ahead: the synthetic model")
+    rc, out, _ = run_main(capsys, "compile", "--set", "graphs.artifacts=off", "--set", "model.device=cpu")
+    assert rc == 0 and "graphs.artifacts is off" in out
+    rc, _, err = run_main(capsys, "compile", "--set", "graphs.artifacts=maybe")
+    assert rc == 2 and "graphs.artifacts" in err

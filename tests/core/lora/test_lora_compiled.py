@@ -22,7 +22,7 @@ from rillet.core.model.shapes import shape_arch
 from rillet.core.runner.graph_adapter import DecoderGraphAdapter
 from rillet.core.runner.model_runner import ModelRunner
 from rillet.core.sampling_params import SamplingParams
-from rillet.graphs.compiled import resolve_compile_mode
+from rillet.graphs.compile_modes import resolve_compile_mode
 from rillet.graphs.interface import DecodeBatch
 from rillet.graphs.runner import GraphRunner
 from tiny_models.lora_adapters import ALL_MODULES, NEW, PROMPTS, lora_cfg

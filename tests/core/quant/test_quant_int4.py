@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from rillet.core.config import ConfigError, config_from_dict
@@ -109,3 +111,54 @@ def test_default_model_int4_answers_like_full_precision() -> None:
         out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=3, temperature=0.0))
         assert out[0].outputs[0].text.strip().startswith("Paris")
         llm.engine.core.blocks.check_integrity()
+
+
+def _tiny_model() -> tuple[Any, list[tuple[str, torch.Tensor]]]:
+    """A tiny llama (shape "tiny") and its weights under HF names, as a loader hands them out."""
+    from rillet.core.attention.torch_backend import TorchAttentionBackend
+    from rillet.core.model.decoder import build_model
+    from rillet.core.model.shapes import shape_arch
+
+    arch = shape_arch("tiny")
+    source = build_model(arch, TorchAttentionBackend(), torch.float32, "cpu")
+    source.init_random(seed=5)
+    weights: list[tuple[str, torch.Tensor]] = []
+    for name, (param, where, _) in source.weight_targets().items():
+        weights.append((name, (param.data[where] if where else param.data).clone()))
+    return build_model(arch, TorchAttentionBackend(), torch.float32, "cpu"), weights
+
+
+def test_a_lean_load_quantizes_each_projection_as_it_is_read() -> None:
+    """load_weights(int4=True): a projection becomes int4 once its parts are in, while later
+    tensors are still unread (the float32 model is never whole), and the model equals one loaded
+    in float32 and quantized afterwards, buffer for buffer."""
+    from rillet.core.model import decoder as decoder_mod
+
+    streamed, weights = _tiny_model()
+    read = 0
+    at_quantize: list[int] = []
+    real = decoder_mod.quantize_module_weights
+
+    def spy(module: Any, names: tuple[str, ...]) -> None:
+        at_quantize.append(read)
+        real(module, names)
+
+    def counted() -> Any:
+        nonlocal read
+        for item in weights:
+            read += 1
+            yield item
+
+    decoder_mod.quantize_module_weights = spy  # type: ignore[assignment]
+    try:
+        streamed.load_weights(counted(), int4=True)
+    finally:
+        decoder_mod.quantize_module_weights = real  # type: ignore[assignment]
+    assert at_quantize and at_quantize[0] < len(weights) // 2, at_quantize
+    after, _ = _tiny_model()
+    after.load_weights(iter(weights))
+    after.quantize_int4()
+    want = dict(after.state_dict())
+    got = dict(streamed.state_dict())
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want)

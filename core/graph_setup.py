@@ -1,0 +1,136 @@
+"""The decode step's graph path for one model: CUDA graphs captured at start-up (CUDA), the
+compiled step built in the background while eager serves (CPU), or none; and on CPU where the
+compiled step is saved (graphs/aot/: `graphs.artifacts`).
+
+A saved step that is missing is built by a child process (core/compile_process.py) from the same
+config, so this process keeps serving at full speed meanwhile; `rillet compile` builds them in its
+own process (core/compile_ahead.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import cast
+
+import torch
+from rillet.core.attention.invariant import InvariantAttentionBackend
+from rillet.core.config import CompileMode, ConfigError, RilletConfig
+from rillet.core.loaders.weights_cache import default_cache_dir
+from rillet.core.model.decoder import DecoderModel, KVCache
+from rillet.core.runner.graph_adapter import DecoderGraphAdapter
+from rillet.graphs.aot.saved import AotPlan
+from rillet.graphs.aot.store import ArtifactStore
+from rillet.graphs.compile_modes import resolve_compile_mode, set_compile_cache_dir
+from rillet.graphs.runner import GraphRunner, resolve_decode_mode
+
+log = logging.getLogger(__name__)
+
+
+def cache_base(cfg: RilletConfig) -> Path:
+    return Path(cfg.model.cache_dir).expanduser() if cfg.model.cache_dir else default_cache_dir()
+
+
+def graph_runner(
+    cfg: RilletConfig,
+    model: DecoderModel,
+    kv: list[KVCache],
+    device: torch.device,
+    max_blocks_per_seq: int,
+    in_process: bool = False,
+) -> GraphRunner | None:
+    """The decode step's graph runner (not started: start_graphs), logged with the reason; None
+    when steps run eager. `in_process`: missing saved steps are built by this process (`rillet
+    compile`), not by a child."""
+    mode, why = decode_mode(cfg, model, device)
+    log.info("decode step: %s (%s)", mode.replace("_", " "), why)
+    if mode == "eager":
+        return None
+    compile_mode, how = resolve_compile_mode(cfg.graphs.compile_mode, device, model.int4_weights)
+    log.info("decode step compile mode: %s (%s)", compile_mode, how)
+    plan = None
+    if mode == "compiled":
+        where = set_compile_cache_dir(cache_base(cfg) / "torch-compile")
+        log.info("compile caches (Inductor FX graph, AOTAutograd): %s", where)
+        plan = artifact_plan(cfg, model, in_process)
+    return GraphRunner(
+        DecoderGraphAdapter(model, kv, cfg.cache.block_size),
+        replace(cfg.graphs, compile_mode=cast(CompileMode, compile_mode)),
+        max_num_seqs=cfg.scheduler.max_num_seqs,
+        max_blocks_per_seq=max_blocks_per_seq,
+        device=device,
+        verify_queries=verify_queries(cfg, model),
+        verify_max_rows=cfg.speculative.max_batch,
+        plan=plan,
+    )
+
+
+def start_graphs(graphs: GraphRunner) -> None:
+    """CUDA: capture now. CPU: the compiled step, looked up or built in the background."""
+    if graphs.mode == "cuda_graphs":
+        graphs.capture()
+    else:
+        graphs.start_compile(background=True)
+
+
+def artifact_plan(cfg: RilletConfig, model: DecoderModel, in_process: bool = False) -> AotPlan | None:
+    """Where the compiled CPU step is saved and who builds it; None: torch.compile at each start
+    (graphs.artifacts off, or LoRA buffers, which the step reads and a saved step would freeze)."""
+    if cfg.graphs.artifacts == "off":
+        return None
+    if model.lora is not None:
+        log.info("compiled step not saved: LoRA adapters (torch.compile at each start)")
+        return None
+    from rillet.core.compile_process import CompileProcess  # the child's command line, lazily
+
+    store = ArtifactStore(cache_base(cfg) / "compiled")
+    log.info("compiled steps are saved under %s (graphs.artifacts)", store.root)
+    if in_process:
+        return AotPlan(store)
+    return AotPlan(store, CompileProcess(cfg, torch.get_num_threads(), store.root / "build.log"))
+
+
+def verify_queries(cfg: RilletConfig, model: DecoderModel) -> int:
+    """Q of the speculative verify step's graph (graphs/verify.py): 1 + speculative.num_tokens
+    queries a row, for up to speculative.max_batch rows. 0 (no verify graph) when speculation is
+    off, under tensor parallelism (the ranks verify in the flat layout, eager), or for a backend
+    without a verify step."""
+    sc = cfg.speculative
+    backend = model.backend
+    if not sc.enabled or cfg.parallel.tensor_parallel_size > 1:
+        return 0
+    if not backend.graph_safe_decode and not hasattr(backend, "begin_verify"):
+        return 0
+    return 1 + sc.num_tokens
+
+
+def decode_mode(cfg: RilletConfig, model: DecoderModel, device: torch.device) -> tuple[str, str]:
+    try:
+        mode, why = resolve_decode_mode(cfg.graphs, device)
+    except ValueError as exc:
+        raise ConfigError("graphs.enabled", str(exc).split(": ", 1)[-1]) from exc
+    backend = model.backend
+    if isinstance(backend, InvariantAttentionBackend) and mode != "eager":
+        if cfg.graphs.enabled == "on":
+            raise ConfigError(
+                "graphs.enabled",
+                "'on' compiles the decode step, which engine.deterministic 'on' does not serve "
+                "(its fused kernels round differently from the eager step); use 'auto' or 'off'",
+            )
+        return "eager", "engine.deterministic on: the eager step only, from the first request on"
+    if mode == "cuda_graphs" and not backend.supports_cuda_graphs:
+        return "eager", f"the {backend.name} attention backend cannot be captured"
+    if mode == "compiled" and not backend.graph_safe_decode:
+        return "eager", f"the {backend.name} attention backend has no graph-safe decode"
+    if mode == "compiled" and cfg.parallel.tensor_parallel_size > 1:
+        # The compile runs (and times) the step on a background thread, each rank on its own
+        # schedule: its all-reduces would pair with another rank's step, not with its own.
+        if cfg.graphs.enabled == "on":
+            raise ConfigError(
+                "graphs.enabled",
+                "'on' on CPU compiles the decode step in the background, which tensor parallelism "
+                "(parallel.tensor_parallel_size > 1) cannot do; use 'auto' or 'off'",
+            )
+        return "eager", "tensor parallelism on CPU: the ranks cannot compile in the background"
+    return mode, why

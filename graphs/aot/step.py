@@ -1,0 +1,76 @@
+"""A loaded step library as a step: called with a batch like the torch.compile'd function it
+replaces.
+
+The library (AOTInductor's: graphs/aot/export.py) takes the batch's tensors and the model's
+`step_state`, flat, and writes the pool in place, as the eager step does. It runs no Python
+between its kernels: no dynamo, no guards. A library is checked against the eager forward once,
+on a batch of padding rows, before it is used (`agrees_with_eager`): digests catch a damaged
+file, this catches a library that loads but computes something else.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from rillet.graphs.aot.export import decode_inputs, verify_inputs
+from rillet.graphs.interface import DecodeBatch, VerifyBatch
+
+logger = logging.getLogger(__name__)
+
+# a library agrees with eager when its outputs on padding rows are this close, relative to the
+# largest output: compiled kernels round differently (fused reductions, the int4 template), a
+# wrong library is off by the outputs' own size
+AGREE_RTOL = 0.1
+
+
+def load_library(path: Path) -> tuple[Callable[..., Any], float]:
+    """(a callable over the flat inputs, seconds to load the library)."""
+    start = time.perf_counter()
+    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(path), 1)
+
+    def run(*flat: torch.Tensor) -> list[torch.Tensor]:
+        return runner.run(list(flat))  # type: ignore[no-any-return]
+
+    return run, time.perf_counter() - start
+
+
+class SavedDecode:
+    """A DecodeBatch -> hidden states [n, H], like CompiledDecode.fn."""
+
+    def __init__(self, runner: Callable[..., Any], state: Sequence[torch.Tensor]) -> None:
+        self.runner = runner
+        self.state = list(state)
+
+    def __call__(self, batch: DecodeBatch) -> torch.Tensor:
+        return _one(self.runner(*decode_inputs(batch, self.state)))
+
+
+class SavedVerify:
+    """A VerifyBatch -> hidden states [n * Q, H], like CompiledVerify.fn."""
+
+    def __init__(self, runner: Callable[..., Any], state: Sequence[torch.Tensor]) -> None:
+        self.runner = runner
+        self.state = list(state)
+
+    def __call__(self, batch: VerifyBatch) -> torch.Tensor:
+        return _one(self.runner(*verify_inputs(batch, self.state)))
+
+
+def agrees_with_eager(saved: torch.Tensor, eager: torch.Tensor) -> str | None:
+    """None when the two outputs agree; otherwise how they differ."""
+    if saved.shape != eager.shape:
+        return f"output shape {tuple(saved.shape)}, eager {tuple(eager.shape)}"
+    if not torch.isfinite(saved).all():
+        return "non-finite outputs"
+    scale = float(eager.abs().max()) or 1.0
+    err = float((saved.float() - eager.float()).abs().max())
+    return None if err <= AGREE_RTOL * scale else f"outputs off by {err:.3g} (largest {scale:.3g})"
+
+
+def _one(out: Any) -> torch.Tensor:
+    return out[0] if isinstance(out, list | tuple) else out  # type: ignore[no-any-return]

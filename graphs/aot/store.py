@@ -1,0 +1,124 @@
+"""Compiled steps on disk: one folder per key, a library and the manifest that vouches for it.
+
+    <root>/<graph>-<key digest>/step.so         the step's AOTInductor library
+    <root>/<graph>-<key digest>/manifest.json   the key's fields, the library's size and sha256
+
+A folder is written beside its place under a temporary name and renamed into it, so a reader sees
+a whole artifact or none. On load everything is checked before a byte of machine code is mapped:
+the manifest's key against this process's (another torch, ISA cap or thread count: refused), and
+the library's size and digest against the manifest (truncated, flipped bytes: refused). A refused
+artifact is logged as a warning, deleted, and reported as a miss, so the caller builds it anew.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+from rillet.graphs.aot.key import ArtifactKey
+
+logger = logging.getLogger(__name__)
+
+LIBRARY = "step.so"
+MANIFEST = "manifest.json"
+
+
+class ArtifactStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def folder(self, key: ArtifactKey) -> Path:
+        return self.root / f"{key.graph}-{key.digest()}"
+
+    def find(self, key: ArtifactKey) -> Path | None:
+        """The library of `key` once it checks out, else None (a refused one is deleted)."""
+        folder = self.folder(key)
+        if not folder.exists():
+            return None
+        problem = _problem(folder, key)
+        if problem is None:
+            return folder / LIBRARY
+        self.discard(key, problem)
+        return None
+
+    def discard(self, key: ArtifactKey, why: str) -> None:
+        """Deletes the artifact of `key`, with a warning saying why (it is rebuilt)."""
+        folder = self.folder(key)
+        logger.warning("compiled artifact %s refused (%s): deleted, it will be built again", folder, why)
+        shutil.rmtree(folder, ignore_errors=True)
+
+    def save(self, key: ArtifactKey, library: Path, seconds: float) -> Path:
+        """Moves the built `library` into the artifact of `key`; returns its final path."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".{key.graph}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        tmp.mkdir()
+        try:
+            shutil.move(str(library), tmp / LIBRARY)
+            manifest = {
+                "key": key.fields(),
+                "library": {"bytes": (tmp / LIBRARY).stat().st_size, "sha256": file_sha256(tmp / LIBRARY)},
+                "build_s": round(seconds, 1),
+                "created": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            }
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            folder = self.folder(key)
+            shutil.rmtree(folder, ignore_errors=True)  # a stale one, or a concurrent builder's
+            os.replace(tmp, folder)
+        finally:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(tmp)
+        self._prune(key)
+        return folder / LIBRARY
+
+    def _prune(self, key: ArtifactKey) -> None:
+        """Deletes the artifacts `key` supersedes: the same step of the same weights, mode, CPU
+        cap and threads, built by other code or another torch (an upgrade; ~190 MB each for the
+        default model). Variants this host may still start with (other threads, caps) are kept."""
+        same = {"graph", "model", "mode", "isa", "threads"}
+        for folder in self.root.glob(f"{key.graph}-*"):
+            if folder == self.folder(key):
+                continue
+            try:
+                stored = json.loads((folder / MANIFEST).read_text())["key"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # not ours to judge: find() refuses it if its key ever comes up
+            differs = set(key.differs(stored))
+            if differs and not differs & same:
+                logger.info("deleting %s: superseded (other %s)", folder, "/".join(sorted(differs)))
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def _problem(folder: Path, key: ArtifactKey) -> str | None:
+    """Why the artifact in `folder` cannot stand for `key`, or None when it can."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        stored_key, library = manifest["key"], manifest["library"]
+        size, digest = int(library["bytes"]), str(library["sha256"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"no readable manifest: {type(exc).__name__}"
+    differs = key.differs(stored_key) if isinstance(stored_key, dict) else ["key"]
+    if differs:
+        built = ", ".join(f"{k} {stored_key.get(k)!r}" for k in differs if isinstance(stored_key, dict))
+        return f"built for another {'/'.join(differs)}: {built or stored_key!r}"
+    path = folder / LIBRARY
+    try:
+        actual = path.stat().st_size
+    except OSError:
+        return "its library is missing"
+    if actual != size:
+        return f"library is {actual} bytes, the manifest says {size}: truncated or replaced"
+    if file_sha256(path) != digest:
+        return "library bytes differ from the manifest's sha256: corrupted"
+    return None
+
+
+def file_sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
