@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from rillet.core import build
+from rillet.core import graph_setup
 from rillet.core.attention.invariant import InvariantAttentionBackend
 from rillet.core.attention.torch_backend import TorchAttentionBackend
 from rillet.core.config import ConfigError, config_from_dict
@@ -154,10 +154,10 @@ def test_a_failed_self_test_refuses_the_mode(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_the_compiled_step_is_not_served() -> None:
     model = SimpleNamespace(backend=InvariantAttentionBackend(ROWS))
-    mode, why = build._decode_mode(cfg(engine={"deterministic": "on"}), model, torch.device("cpu"))  # type: ignore[arg-type]
+    mode, why = graph_setup.decode_mode(cfg(engine={"deterministic": "on"}), model, torch.device("cpu"))  # type: ignore[arg-type]
     assert mode == "eager" and "engine.deterministic" in why
     with pytest.raises(ConfigError, match=r"graphs\.enabled"):
-        build._decode_mode(
+        graph_setup.decode_mode(
             cfg(engine={"deterministic": "on"}, graphs={"enabled": "on"}),
             model,  # type: ignore[arg-type]
             torch.device("cpu"),
