@@ -42,6 +42,7 @@ from typing import Any
 import openai
 
 from bench.lib.common import process_cpu, table, thread_user_cpu, write_json
+from bench.lib.raw_client import RawClient
 from bench.lib.server_proc import RilletServer
 
 PROMPT = "What is the meaning of life?"
@@ -98,6 +99,8 @@ def one_request(
     client: Any, model: str, stream: bool, max_tokens: int, api: str = "chat"
 ) -> tuple[int, int, float]:
     """(completion tokens, chunks, seconds to first content chunk or to the answer)."""
+    if isinstance(client, RawClient):
+        return client.request(model, PROMPT, stream, max_tokens)
     if api == "responses":
         return _responses_request(client, model, stream, max_tokens)
     if api == "messages":
@@ -179,7 +182,9 @@ def _messages_request(client: Any, model: str, stream: bool, max_tokens: int) ->
     return tokens, events, ttft
 
 
-def make_clients(base_url: str, api_key: str, api: str, n: int) -> list[Any]:
+def make_clients(base_url: str, api_key: str, api: str, n: int, raw: bool = False) -> list[Any]:
+    if raw:
+        return [RawClient(base_url, api) for _ in range(n)]
     if api == "messages":
         import anthropic
 
@@ -238,8 +243,9 @@ def measure(
     max_tokens: int,
     server_pid: int | None = None,
     api: str = "chat",
+    raw: bool = False,
 ) -> dict[str, Any]:
-    clients = make_clients(base_url, api_key, api, concurrency)
+    clients = make_clients(base_url, api_key, api, concurrency, raw)
     run_batch(clients, model, False, 8, api=api)  # warm-up: first-request costs stay out of the numbers
     run_batch(clients, model, True, 8, api=api)
     plain: list[Batch] = []
@@ -349,7 +355,17 @@ def run_levels(base_url: str, args: argparse.Namespace, server_pid: int | None) 
     rows = []
     for c in args.concurrency:
         print(f"concurrency {c} ...", file=sys.stderr)
-        row = measure(base_url, model, args.api_key, c, args.runs, args.max_tokens, server_pid, args.api)
+        row = measure(
+            base_url,
+            model,
+            args.api_key,
+            c,
+            args.runs,
+            args.max_tokens,
+            server_pid,
+            args.api,
+            args.client == "raw",
+        )
         rows.append({"model": model, **row})
     return rows
 
@@ -371,6 +387,13 @@ def main() -> None:
         choices=["chat", "responses", "messages"],
         default="chat",
         help="chat: /v1/chat/completions; responses: /v1/responses; messages: /v1/messages (anthropic)",
+    )
+    ap.add_argument(
+        "--client",
+        choices=["sdk", "raw"],
+        default="sdk",
+        help="sdk: the official openai / anthropic client; raw: http.client, the answer parsed once "
+        "at its end (bench/lib/raw_client.py): the client's own CPU taken out of the comparison",
     )
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--runs", type=int, default=3, help="batches per mode and concurrency")
@@ -414,13 +437,14 @@ def main() -> None:
         "client_cpus": args.client_cpus,
         "server_python": args.server_python,
         "api": args.api,
+        "client": args.client,
         "server_peak_rss_mib": rss,
     }
     write_json(args.out, {**result, "rows": rows})
     model = result["model"]
     print(
-        f"API {args.api}; model {model}; {args.max_tokens} tokens per request, greedy, ignore_eos; "
-        f"JSON: {args.out}"
+        f"API {args.api}, {args.client} client; model {model}; {args.max_tokens} tokens per request, "
+        f"greedy, ignore_eos; JSON: {args.out}"
     )
     if rss is not None:
         print(f"server peak RSS: {rss:.0f} MiB")
