@@ -170,9 +170,9 @@ class CompiledVerify:
         self.failed: str | None = None
         self.seconds = 0.0
 
-    def example(self) -> VerifyBatch:
+    def example(self, rows: int = COMPILE_ROWS) -> VerifyBatch:
         """The padding batch a compile (or a saved step's export and check) runs on."""
-        return self._warm.padding(COMPILE_ROWS, COMPILE_WIDTH, COMPILE_QUERIES)
+        return self._warm.padding(rows, COMPILE_WIDTH, COMPILE_QUERIES)
 
     def use(self, fn: Callable[[VerifyBatch], torch.Tensor]) -> None:
         """A saved step (graphs/aot/) instead of compiling: its rows start at 1 and its Q is
@@ -195,7 +195,7 @@ class CompiledVerify:
         self.seconds = time.perf_counter() - start
 
     def _run_example(self, rows: int) -> None:
-        batch = self._warm.padding(rows, COMPILE_WIDTH, COMPILE_QUERIES)
+        batch = self.example(rows)
         mark_verify_dynamic(batch, rows=rows > 1, queries=True)
         self.model.prepare_verify(batch)
         self.fn(batch)
