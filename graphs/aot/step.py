@@ -31,12 +31,21 @@ AGREE_RTOL = 0.1
 def load_library(path: Path) -> tuple[Callable[..., Any], float]:
     """(a callable over the flat inputs, seconds to load the library)."""
     start = time.perf_counter()
+    allow_amx()
     runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(path), 1)
 
     def run(*flat: torch.Tensor) -> list[torch.Tensor]:
         return runner.run(list(flat))  # type: ignore[no-any-return]
 
     return run, time.perf_counter() - start
+
+
+def allow_amx() -> bool:
+    """Asks Linux for the AMX tile state (arch_prctl XTILEDATA) where the CPU has it; whether it may
+    run AMX code. A library built where Inductor found AMX (the int4 GEMM template's microkernel)
+    runs tile instructions, and a process that never asked dies of SIGILL at the first one.
+    torch.compile asks while it picks the ISA; a process that only loads a library must ask itself."""
+    return bool(torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx())
 
 
 class SavedDecode:
