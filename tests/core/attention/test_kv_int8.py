@@ -36,6 +36,16 @@ def test_rotation_is_orthonormal_and_its_own_inverse() -> None:
     torch.testing.assert_close(rotate(e0), torch.full((8,), 8**-0.5))  # one channel spread over all
 
 
+def test_traced_rotation_is_the_butterfly() -> None:
+    """The compiled steps rotate with a matrix reduction (one loop nest), eager with the butterfly:
+    the same map, to float rounding, for every head size's block structure."""
+    traced = torch.compile(rotate, fullgraph=True, dynamic=False)
+    gen = torch.Generator().manual_seed(1)
+    for d in (64, 8, 96):
+        x = torch.randn(2, 3, d, generator=gen)
+        torch.testing.assert_close(traced(x), rotate(x), **TOL)
+
+
 def test_codes_are_symmetric_per_token_and_head_and_round_to_nearest() -> None:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(9, HKV, D, generator=gen) * torch.rand(9, HKV, 1, generator=gen) * 10
@@ -212,5 +222,9 @@ def test_compiled_decode_over_int8_reads_and_writes_in_place() -> None:
     want = step(q, k, v, eager.k8, eager.v8, eager.scales)
     got = torch.compile(step, fullgraph=True, dynamic=False)(q, k, v, pools.k8, pools.v8, pools.scales)
     torch.testing.assert_close(got, want, **TOL)
-    assert torch.equal(pools.k8, eager.k8) and torch.equal(pools.v8, eager.v8)
-    assert all(torch.equal(a, b) for a, b in zip(pools.scales, eager.scales, strict=True))
+    # traced and eager rotate by different float sums (kv_cache.rotate): a code may round the other
+    # way at a .5, a scale differ in its last bits
+    for a, b in ((pools.k8, eager.k8), (pools.v8, eager.v8)):
+        assert (a.int() - b.int()).abs().max() <= 1
+    for a, b in zip(pools.scales, eager.scales, strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=1e-6)
