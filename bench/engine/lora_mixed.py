@@ -10,10 +10,11 @@ lora, ...), best of `--reps` per cell, so that a noisy machine shifts both alike
 Each cell is a batch of `--batch` requests submitted together (random prompts of `--prompt-len`
 tokens, `--tokens` greedy tokens, EOS ignored, no prefix caching): tok/s = generated tokens over
 the batch's wall time (prefill included). The adapters are random PEFT-format folders written to
-a temporary directory (rank `--rank`, every projection targeted, or `--targets`), checked and loaded
-by the engine like any other. Memory per adapter: its host copy (A and B, float32), its slot in the
-stacked device buffers (`lora.dtype`, allocated once for `--adapters` slots), and the process's RSS
-growth per adapter while loading them (the host copy: placing it in a slot allocates nothing).
+a temporary directory (rank `--rank`, every projection targeted, or `--targets`: the LoRA engine's
+`lora.target_modules` too), checked and loaded by the engine like any other. Memory per adapter:
+its host copy (A and B, float32), its slot in the stacked device buffers (`lora.dtype`, allocated
+once for `--adapters` slots), and the process's RSS growth per adapter while loading them (the
+host copy: placing it in a slot allocates nothing).
 
 Both engines serve the compiled decode step (`graphs.enabled: on`; this script waits for the
 background compiles). Not `auto`: its check times compiled against eager once, and on a loaded
@@ -123,7 +124,14 @@ def main() -> None:
     for i, name in enumerate(names):
         write_adapter(tmp / name, arch, args.rank, tuple(args.targets), seed=i + 1)
     rss0 = rss_mib()
-    settings = {"max_loras": args.adapters, "max_rank": args.rank, "allow_runtime_updates": True}
+    # the buffers hold the projections the adapters target, as a server configured for them would
+    # (none at start-up would otherwise mean all seven)
+    settings = {
+        "max_loras": args.adapters,
+        "max_rank": args.rank,
+        "allow_runtime_updates": True,
+        "target_modules": list(args.targets),
+    }
     lora = make_llm(settings, args.overrides)  # no adapter yet: buffers only
     rss1 = rss_mib()
     for name in names:
