@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import pytest
 import torch
-from compiled_engine import BATCHES, BUCKETS, Compiled, compiled_llm, generate, graphs, spy_on_steps
+from harness.compiled_engine import BATCHES, BUCKETS, Compiled, compiled_llm, generate, graphs, spy_on_steps
 from rillet.core.attention.torch_backend import TorchAttentionBackend
 from rillet.core.config import CompileMode, GraphConfig
 from rillet.core.model.decoder import allocate_kv_cache, build_model

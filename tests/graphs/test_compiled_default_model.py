@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from compiled_engine import BATCHES, PROMPTS, Compiled, compiled_llm, generate, spy_on_steps
+from harness.compiled_engine import BATCHES, PROMPTS, Compiled, compiled_llm, generate, spy_on_steps
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import TokenLogprob
 

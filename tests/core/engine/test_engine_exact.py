@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 from engine_hooks import hold_first_step
-from hf_gguf import hf_default_model, hf_default_tokenizer
+from harness.hf_gguf import hf_default_model, hf_default_tokenizer
 from rillet.core.config import RilletConfig, config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.sampling_params import SamplingParams

@@ -14,7 +14,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from hf_gguf import hf_default_model
+from harness.hf_gguf import hf_default_model
 from rillet.core.loaders import default_model as default_model
 from rillet.core.loaders import gguf as loader_gguf
 from rillet.core.loaders import gguf_arch

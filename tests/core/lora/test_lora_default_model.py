@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hf_gguf import hf_default_model, hf_default_tokenizer
+from harness.hf_gguf import hf_default_model, hf_default_tokenizer
 from rillet.core.config import config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.sampling_params import SamplingParams
