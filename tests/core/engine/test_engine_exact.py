@@ -15,6 +15,9 @@ from rillet.core.llm import LLM
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import FinishReason
 
+# minutes on one core: its module is queued first under --dist loadfile (tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 PROMPTS = [
     "The capital of France is",
     "Write a haiku about the sea.",

@@ -13,6 +13,9 @@ from rillet.core.llm import LLM
 from rillet.core.sampling_params import SamplingParams
 from tiny_models.lora_adapters import greedy, make_adapter
 
+# minutes on one core: its module is queued first under --dist loadfile (tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
 NEW = 12
 
