@@ -24,6 +24,26 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
+    # xdist's loadfile queue is sorted by test count by default, which sends the modules of one or
+    # two long tests (a compile, the numerics subprocesses) last: one worker then runs them alone
+    # while the other idles. Queued in collection order instead, heavy modules first (below).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+HEAVY_MARKS = ("compiled", "slow")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with a test marked `compiled` or `slow` first (stable: otherwise in collection
+    order), so that under `--dist loadfile` the many short modules fill in at the end, whichever
+    worker finishes its long ones first."""
+    heavy = {_module_of(item) for item in items if any(item.get_closest_marker(m) for m in HEAVY_MARKS)}
+    items.sort(key=lambda item: _module_of(item) not in heavy)
+
+
+def _module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
 
 
 TinyHFModel = Callable[..., tuple[Path, Any]]  # (model_type, **config overrides) -> (folder, HF model)

@@ -60,37 +60,49 @@ class RilletRun:
 
 
 def rillet_run(
-    prompts: list[str], tokens: int, overrides: list[str], forced: list[list[int]] | None = None
+    prompts: list[str],
+    tokens: int,
+    overrides: list[str],
+    forced: list[list[int]] | None = None,
+    answer: list[int] | None = None,
 ) -> RilletRun:
-    """Greedy answers, and the logits of a prefill of each `forced` sequence (by default each
-    prompt followed by this run's own answer)."""
+    """Greedy answers (to the prompts at the indices `answer`, by default to all), and the logits
+    of a prefill of each `forced` sequence (by default each prompt followed by this run's own
+    answer) at the rows that predict its answer: the prompt's rows are never compared."""
     cfg = config_from_dict({"model": {"device": "cpu"}, "cache": {"num_blocks": 512}}, overrides)
     with LLM(cfg) as llm:
         path = decode_path(llm)  # the answers come from the decode step that serves, not a mix
         rt = llm.engine.runtime
         texts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
         ids = [llm.tokenizer.encode(t) for t in texts]
-        outs = llm.generate(texts, SamplingParams(max_tokens=tokens, temperature=0.0))
+        asked = [texts[i] for i in answer] if answer is not None else texts
+        outs = llm.generate(asked, SamplingParams(max_tokens=tokens, temperature=0.0))
         answers = [list(o.outputs[0].token_ids) for o in outs]
         model = llm.engine.core.runner.model  # type: ignore[attr-defined]
         kv_dtype = llm.engine.core.runner.kv_caches[0].k.dtype  # type: ignore[attr-defined]
-        own = [p + a for p, a in zip(ids, answers, strict=True)]
+        seqs = forced or [p + a for p, a in zip(ids, answers, strict=True)]
+        keep = [len(f) - len(p) + 1 for f, p in zip(seqs, ids, strict=True)]
         return RilletRun(
             ids,
             answers,
             [o.outputs[0].text for o in outs],
             f"{rt.quantization}/{str(rt.dtype).removeprefix('torch.')}",
             path,
-            [prefill_logits(model, f, kv_dtype=kv_dtype) for f in (forced or own)],
+            [prefill_logits(model, f, kv_dtype=kv_dtype, last=k) for f, k in zip(seqs, keep, strict=True)],
             rt.arch.eos_token_ids[0],
         )
 
 
 def prefill_logits(
-    model: DecoderModel, ids: list[int], block: int = 16, kv_dtype: torch.dtype | None = None
-) -> torch.Tensor:  # [T, V]
+    model: DecoderModel,
+    ids: list[int],
+    block: int = 16,
+    kv_dtype: torch.dtype | None = None,
+    last: int | None = None,
+) -> torch.Tensor:  # [T, V], or [last, V]
     """One whole-sequence prefill through rillet's model (blocks 1.., block 0 is the dummy), over a
-    pool of the run's cache.dtype (`kv_dtype`; None: the model's dtype)."""
+    pool of the run's cache.dtype (`kv_dtype`; None: the model's dtype); the logits of the `last`
+    rows only if given (the LM head over a 49152-token vocabulary is most of a prompt row's cost)."""
     nblk = -(-len(ids) // block)
     kv = allocate_kv_cache(model.arch, nblk + 1, block, kv_dtype or model.embed_tokens.dtype, "cpu")
     n = len(ids)
@@ -106,7 +118,8 @@ def prefill_logits(
     )
     with torch.inference_mode():
         model.backend.begin_step(meta)
-        return model.compute_logits(model(torch.tensor(ids), torch.arange(n), kv, meta))
+        hidden = model(torch.tensor(ids), torch.arange(n), kv, meta)
+        return model.compute_logits(hidden if last is None else hidden[-last:])
 
 
 def forced_stats(
@@ -114,7 +127,8 @@ def forced_stats(
 ) -> dict[str, float]:
     """Teacher forcing along the float32 answers: share of answer positions whose argmax is the
     float32 token, and the mean absolute logit error there (a smoother measure than whole-answer
-    equality, which one early flip decides)."""
+    equality, which one early flip decides). Each logits tensor ends with the rows that predict
+    its answer (it may hold no prompt rows before them)."""
     hits = total = 0
     err = 0.0
     for lg, rf, ans in zip(logits, ref, answers, strict=True):
@@ -125,7 +139,7 @@ def forced_stats(
     return {"argmax_agree": hits / total, "mean_abs_logit_err": err / total}
 
 
-def hf_model(dtype: torch.dtype) -> Any:
+def hf_model(dtype: torch.dtype = torch.float32) -> Any:
     """transformers' Llama on the default GGUF's weights (dequantized by rillet's loader)."""
     import transformers
 
@@ -139,15 +153,18 @@ def hf_model(dtype: torch.dtype) -> Any:
 
 
 def hf_run(
-    prompt_ids: list[list[int]], tokens: int, dtype: torch.dtype, eos: int, forced: list[list[int]]
+    model: Any, prompt_ids: list[list[int]], tokens: int, eos: int, forced: list[list[int]]
 ) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Greedy answers (batched, left-padded) and the float32 logits of each `forced` sequence."""
-    model = hf_model(dtype)
+    """Greedy answers (batched, left-padded) and the float32 logits of each `forced` sequence at
+    the rows that predict its answer (as rillet_run keeps them)."""
     width = max(map(len, prompt_ids))
     ids = torch.tensor([[eos] * (width - len(p)) + p for p in prompt_ids])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
     with torch.inference_mode():
-        logits = [model(torch.tensor([f])).logits[0].float() for f in forced]
+        logits = [
+            model(torch.tensor([f]), logits_to_keep=len(f) - len(p) + 1).logits[0].float()
+            for f, p in zip(forced, prompt_ids, strict=True)
+        ]
         if tokens == 0:
             return [], logits
         out = model.generate(
@@ -172,15 +189,19 @@ def measure(
     quick: bool = False,
     variants: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """`quick`: transformers only under teacher forcing (no generate), for the test suite."""
+    """`quick`, for the test suite: transformers only under teacher forcing (no generate), and the
+    runs compared to float32 answer the France prompt only (their other answers would feed the
+    whole-answer agreement alone, which quick does not report)."""
     prompts = chat_prompts()[:prompts_n]
     t0 = time.perf_counter()
     # the reference is the plainest path: float32 weights, eager decode
     reference = ["model.quantization=none", "model.dtype=float32", "graphs.enabled=off"]
     fp32 = rillet_run(prompts, tokens, reference)
     forced = [p + a for p, a in zip(fp32.prompt_ids, fp32.answers, strict=True)]
-    default = rillet_run(prompts, tokens, default_set, forced)
     f = prompts.index(FRANCE)
+    answer = [f] if quick else None
+    default = rillet_run(prompts, tokens, default_set, forced, answer)
+    fa = 0 if quick else f  # the France answer's index among a compared run's answers
     result: dict[str, Any] = {
         "prompts": len(prompts),
         "tokens": tokens,
@@ -189,30 +210,33 @@ def measure(
         "default_run": default.weights,
         "fp32_run": fp32.weights,
         "default_decode": default.decode,
-        "default_vs_fp32": agreement(default.answers, fp32.answers, match),
+        "default_vs_fp32": None if quick else agreement(default.answers, fp32.answers, match),
         "default_forced": forced_stats(default.logits, fp32.logits, fp32.answers),
-        "default_disagrees_on": [
+        "default_disagrees_on": None
+        if quick
+        else [
             p
             for p, x, y in zip(prompts, default.answers, fp32.answers, strict=True)
             if x[:match] != y[:match]
         ],
-        "default_france": default.texts[f],
+        "default_france": default.texts[fa],
         "fp32_france": fp32.texts[f],
         "variants": {},
     }
     for v in variants:  # the default config with more overrides, against the same references
-        run = rillet_run(prompts, tokens, [*default_set, *v.split(",")], forced)
+        run = rillet_run(prompts, tokens, [*default_set, *v.split(",")], forced, answer)
         result["variants"][v] = {
             "run": run.weights,
             "decode": run.decode,
-            "vs_fp32": agreement(run.answers, fp32.answers, match),
+            "vs_fp32": None if quick else agreement(run.answers, fp32.answers, match),
             "forced": forced_stats(run.logits, fp32.logits, fp32.answers),
-            "france": run.texts[f],
+            "france": run.texts[fa],
         }
     if not skip_hf:
         n, ids, eos = 0 if quick else tokens, fp32.prompt_ids, fp32.eos
-        hf32, hlog32 = hf_run(ids, n, torch.float32, eos, forced)
-        hf16, hlog16 = hf_run(ids, n, torch.bfloat16, eos, forced)
+        model = hf_model()  # one load of the weights: float32 first, then cast in place to bf16
+        hf32, hlog32 = hf_run(model, ids, n, eos, forced)
+        hf16, hlog16 = hf_run(model.to(torch.bfloat16), ids, n, eos, forced)
         result["hf_bf16_forced"] = forced_stats(hlog16, hlog32, fp32.answers)
         if not quick:
             result |= {

@@ -1,88 +1,34 @@
-"""The decode step compiled by torch.compile on CPU (graphs/compiled.py), in the whole engine.
+"""The decode step compiled by torch.compile on CPU (graphs/compiled.py), in the whole engine, on
+tiny models (the default model: test_compiled_default_model.py).
 
 Each model is compiled once (a module fixture; compiles dominate this file's time): the compiled
-step gives the same greedy tokens as the eager path of the same engine, in float32 (the default
-model as served: int4 weights, float32 activations, compiled in the tuned mode), for batches of
+step gives the same greedy tokens as the eager path of the same engine, in float32, for batches of
 1, 3, 8 and 17 rows (17 is above the largest bucket, 8: those steps run eager), while the pool is
 small enough to preempt and the token budget small enough to chunk prompts. No graph break
 (fullgraph=True raises on one), and no compile after the first two graphs (rows >= 2, rows == 1).
 One tiny model runs over an int8 KV pool (cache.dtype: the codes dequantized inside the step).
+int4 weights compile in the tuned mode (frozen, autotuned) on a tiny shape model here too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, cast
 
 import pytest
 import torch
+from harness.compiled_engine import BATCHES, BUCKETS, Compiled, compiled_llm, generate, graphs, spy_on_steps
 from rillet.core.attention.torch_backend import TorchAttentionBackend
-from rillet.core.config import CompileMode, GraphConfig, config_from_dict
-from rillet.core.llm import LLM
+from rillet.core.config import CompileMode, GraphConfig
 from rillet.core.model.decoder import allocate_kv_cache, build_model
 from rillet.core.model.shapes import shape_arch
 from rillet.core.runner.graph_adapter import DecoderGraphAdapter
-from rillet.core.runner.model_runner import ModelRunner
-from rillet.core.sampling_params import SamplingParams
-from rillet.core.sequence import TokenLogprob
 from rillet.graphs.compile_modes import resolve_compile_mode
 from rillet.graphs.interface import DecodeBatch
 from rillet.graphs.runner import GraphRunner
 from torch._dynamo.utils import counters
 
 pytestmark = pytest.mark.compiled
-
-BATCHES = (1, 3, 8, 17)
-NEAR_TIE = 0.05  # nats: see test_compiled_matches_eager_on_the_default_model
-BUCKETS = [1, 2, 4, 8]
-PROMPTS = [[(7 * i + 3 * k) % 250 + 1 for k in range(2 + (5 * i) % 13)] for i in range(17)]
-
-
-def _graphs() -> int:
-    return int(counters["stats"]["unique_graphs"])
-
-
-@dataclass
-class Compiled:
-    llm: LLM
-    runner: ModelRunner
-    graphs: GraphRunner
-    compiles: int  # graphs dynamo built while the engine started
-
-
-def _compiled_llm(model: dict[str, Any], buckets: list[int] = BUCKETS, **sections: Any) -> Iterator[Compiled]:
-    before = _graphs()
-    cfg = config_from_dict(
-        {
-            "model": {"dtype": "float32", **model, "device": "cpu"},
-            "graphs": {"enabled": "on", "buckets": buckets},
-            "scheduler": {"max_num_seqs": 32, "max_num_batched_tokens": 40},  # chunks prompts
-            **sections,
-        }
-    )
-    llm = LLM(cfg)
-    try:
-        runner = llm.engine.core.runner
-        assert isinstance(runner, ModelRunner) and runner.graph_runner is not None
-        gr = runner.graph_runner
-        assert gr.mode == "compiled" and gr.compiled is not None
-        assert gr.compiled.wait(timeout=900), "compile did not finish"
-        assert gr.compiled.failed is None, gr.compiled.failed  # a graph break would be this error
-        assert gr.compiled.ready and gr.compiled.ready_1 == (buckets[0] == 1)
-        yield Compiled(llm, runner, gr, _graphs() - before)
-    finally:
-        llm.close()
-
-
-def _generate(c: Compiled, n: int, compiled: bool) -> list[list[int]]:
-    assert c.graphs.compiled is not None
-    c.graphs.compiled.ready = compiled  # off: every decode step takes the model runner's eager path
-    try:
-        params = [SamplingParams(max_tokens=6 + i % 5, temperature=0.0, ignore_eos=True) for i in range(n)]
-        return [o.outputs[0].token_ids for o in c.llm.generate(PROMPTS[:n], params)]
-    finally:
-        c.graphs.compiled.ready = True
 
 
 @pytest.fixture(scope="module", params=["llama", "mistral", "qwen2", "llama+int8"])
@@ -92,21 +38,7 @@ def tiny(request: pytest.FixtureRequest, tiny_hf_model: Any) -> Iterator[Compile
     folder, _ = tiny_hf_model(family)
     # 20 blocks of 8 tokens: 17 sequences of up to 24 tokens do not fit at once, so some are preempted
     cache = {"num_blocks": 20, "block_size": 8, "dtype": kv_dtype or "auto"}
-    yield from _compiled_llm({"path": str(folder), "kind": "hf"}, cache=cache)
-
-
-def _spy_on_steps(c: Compiled) -> list[int]:
-    """Row counts of the steps that took the compiled path."""
-    assert c.graphs.compiled is not None
-    rows: list[int] = []
-    fn = c.graphs.compiled.fn
-
-    def spy(batch: DecodeBatch) -> torch.Tensor:
-        rows.append(batch.num_rows)
-        return fn(batch)
-
-    c.graphs.compiled.fn = spy
-    return rows
+    yield from compiled_llm({"path": str(folder), "kind": "hf"}, cache=cache)
 
 
 def test_compiled_matches_eager_on_tiny_models(tiny: Compiled) -> None:
@@ -119,11 +51,11 @@ def test_compiled_matches_eager_on_tiny_models(tiny: Compiled) -> None:
         preempt(seq)
 
     scheduler._preempt = spy_preempt  # type: ignore[method-assign]
-    rows = _spy_on_steps(tiny)
-    graphs = _graphs()
+    rows = spy_on_steps(tiny)
+    compiled_before = graphs()
     for n in BATCHES:
-        assert _generate(tiny, n, compiled=True) == _generate(tiny, n, compiled=False), n
-    assert _graphs() == graphs  # every bucket visited, nothing compiled again
+        assert generate(tiny, n, compiled=True) == generate(tiny, n, compiled=False), n
+    assert graphs() == compiled_before  # every bucket visited, nothing compiled again
     assert tiny.compiles == 2  # rows >= 2 (one dynamic graph) and rows == 1
     assert 1 in rows and max(rows) <= 8 and any(r not in BUCKETS for r in rows)  # exact sizes, no padding
     assert preempted, "the pool was meant to preempt"
@@ -134,9 +66,9 @@ def test_padded_to_buckets_matches_eager(tiny: Compiled) -> None:
     """The compiled step padded to its bucket, as a CUDA graph replay is (rows [b, bucket) dummy)."""
     tiny.graphs.pad_to_buckets = True
     try:
-        rows = _spy_on_steps(tiny)
+        rows = spy_on_steps(tiny)
         for n in (3, 8):
-            assert _generate(tiny, n, compiled=True) == _generate(tiny, n, compiled=False), n
+            assert generate(tiny, n, compiled=True) == generate(tiny, n, compiled=False), n
         assert set(rows) <= set(BUCKETS) and 4 in rows
     finally:
         tiny.graphs.pad_to_buckets = False
@@ -156,7 +88,7 @@ def test_static_buffers_keep_their_storage(tiny: Compiled) -> None:
         return fn(batch)
 
     tiny.graphs.compiled.fn = spy
-    _generate(tiny, 8, compiled=True)
+    generate(tiny, 8, compiled=True)
     assert len(seen) > 3 and all(s == ptrs for s in seen)
     assert {f: getattr(static, f).data_ptr() for f in fields} == ptrs
 
@@ -175,53 +107,9 @@ def test_output_is_consumed_before_the_next_step(tiny: Compiled) -> None:
         last.append(out)
         return out
 
-    want = _generate(tiny, 8, compiled=False)
+    want = generate(tiny, 8, compiled=False)
     tiny.graphs.compiled.fn = overwriting
-    assert _generate(tiny, 8, compiled=True) == want
-
-
-@pytest.fixture(scope="module")
-def default_model() -> Iterator[Compiled]:
-    # as served by default: int4 weights, float32 activations. Buckets from 2: one compile for this
-    # 30-layer model (batch 1 runs as 2 rows of that graph)
-    model = {"dtype": "auto"}
-    yield from _compiled_llm(model, buckets=[2, 4, 8], cache={"num_blocks": 64, "block_size": 16})
-
-
-def test_compiled_matches_eager_on_the_default_model(default_model: Compiled) -> None:
-    """The default model compiles in the tuned mode (int4 weights on CPU: `compile_mode: auto`).
-    Its int4 GEMM template computes as aten's kernel does on AVX-512 (float32 dequantization and
-    accumulation: the same tokens here), but on AMX machines Inductor may pick its AMX micro-kernel,
-    which rounds the dequantized weights to bf16: there a greedy choice may flip where eager's two
-    best tokens are within NEAR_TIE nats, and only there."""
-    gr = default_model.graphs
-    assert gr.compile_mode == "max-autotune-no-cudagraphs" and gr.compiled is not None and gr.compiled.freeze
-    rows = _spy_on_steps(default_model)
-    for n in BATCHES:
-        got = _generate(default_model, n, compiled=True)
-        want, logprobs = _generate_eager_with_logprobs(default_model, n)
-        for g, w, lps in zip(got, want, logprobs, strict=True):
-            if g != w:
-                i = next(k for k, (a, b) in enumerate(zip(g, w, strict=False)) if a != b)
-                top = dict(lps[i].top)
-                assert g[i] in top and top[w[i]] - top[g[i]] <= NEAR_TIE, (n, i, g, w, lps[i])
-    assert default_model.compiles == 1
-    assert 2 in rows and 1 not in rows  # batch 1 ran as 2 rows
-
-
-def _generate_eager_with_logprobs(c: Compiled, n: int) -> tuple[list[list[int]], list[list[TokenLogprob]]]:
-    assert c.graphs.compiled is not None
-    c.graphs.compiled.ready = False
-    try:
-        params = [
-            SamplingParams(max_tokens=6 + i % 5, temperature=0.0, ignore_eos=True, logprobs=3)
-            for i in range(n)
-        ]
-        outs = [o.outputs[0] for o in c.llm.generate(PROMPTS[:n], params)]
-    finally:
-        c.graphs.compiled.ready = True
-    assert all(o.logprobs is not None for o in outs)
-    return [o.token_ids for o in outs], [o.logprobs or [] for o in outs]
+    assert generate(tiny, 8, compiled=True) == want
 
 
 def _int4_tiny(seed: int) -> tuple[DecoderGraphAdapter, GraphRunner]:
@@ -263,10 +151,10 @@ def test_int4_weights_go_through_the_graph_frozen_and_autotuned() -> None:
             adapter, gr = _int4_tiny(seed)
             assert gr.compile_mode == "max-autotune-no-cudagraphs"
             assert gr.compiled is not None and gr.compiled.freeze
-            before, tuned, hits = _graphs(), _count("select_algorithm_autotune"), _count("fxgraph_cache_hit")
+            before, tuned, hits = graphs(), _count("select_algorithm_autotune"), _count("fxgraph_cache_hit")
             gr.start_compile(background=False)
             assert gr.compiled.failed is None and gr.compiled.ready
-            assert _graphs() - before == 1
+            assert graphs() - before == 1
             assert (_count("fxgraph_cache_hit") > hits) is cached, seed
             if not outputs and _avx512():  # qkv, o, gate_up, down: each with two choices (aten, template)
                 assert _count("select_algorithm_autotune") - tuned >= 4

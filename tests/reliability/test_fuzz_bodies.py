@@ -34,6 +34,9 @@ from hypothesis.strategies import SearchStrategy
 from rel_helpers import CHAT, COMP, assert_all_released, assert_serves, served
 from rillet.http.background import BackgroundServer
 
+# minutes on one core: its module is queued first under --dist loadfile (tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 FUZZ_CONFIG = [
     "model.synthetic_step_ms=0",
     "model.max_model_len=128",

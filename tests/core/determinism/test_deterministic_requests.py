@@ -18,6 +18,9 @@ from rillet.core.config import config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.sampling_params import SamplingParams
 
+# minutes on one core: its module is queued first under --dist loadfile (tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 TINY_VOCAB, DEFAULT_VOCAB = 256, 49152
 
 

@@ -15,6 +15,9 @@ from rillet.core.sampling_params import SamplingParams
 from rillet.core.tokenizer.tokenizer import Tokenizer
 from tp_helpers import TINY_TP
 
+# minutes on one core: its module is queued first under --dist loadfile (tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 Prompts = list[list[int]]
 
 

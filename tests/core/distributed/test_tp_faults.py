@@ -19,6 +19,9 @@ from http_helpers import SYNTH_OVERRIDES, post, request, wait_for
 from rillet.core.config import load_config
 from tp_helpers import TINY_TP, TP_TEST_SETS, Rillet, assert_all_gone, descendants
 
+# minutes on one core: its module is queued first under --dist loadfile (tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 Start = Callable[..., Rillet]
 
 

@@ -14,6 +14,9 @@ from http_helpers import serving
 from rillet.core.config import load_config
 from tp_helpers import TP_TEST_SETS, Rillet, assert_all_gone, descendants
 
+# minutes on one core: its module is queued first under --dist loadfile (tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 SETS = [
     "model.quantization=none",
     "model.dtype=float32",

@@ -9,11 +9,14 @@ from typing import Any
 import pytest
 import torch
 from engine_hooks import hold_first_step
+from harness.hf_gguf import hf_default_model, hf_default_tokenizer
 from rillet.core.config import RilletConfig, config_from_dict
 from rillet.core.llm import LLM
-from rillet.core.loaders.default_model import default_model_path
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import FinishReason
+
+# minutes on one core: its module is queued first under --dist loadfile (tests/conftest.py)
+pytestmark = pytest.mark.slow
 
 PROMPTS = [
     "The capital of France is",
@@ -34,13 +37,7 @@ def cfg(**sections: dict[str, Any]) -> RilletConfig:
 @pytest.fixture(scope="module")
 def hf_reference() -> list[list[int]]:
     """transformers' own GGUF loader and generate(), one prompt at a time (no padding effects)."""
-    import transformers
-
-    path = default_model_path()
-    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    tok, model = hf_default_tokenizer(), hf_default_model()
     outs = []
     for prompt, n in zip(PROMPTS, MAX_NEW, strict=True):
         ids = tok(prompt, return_tensors="pt").input_ids

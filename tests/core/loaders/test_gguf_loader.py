@@ -6,7 +6,6 @@ once per module). Everything else runs on tiny GGUF files written here with `ggu
 
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from harness.hf_gguf import hf_default_model
 from rillet.core.loaders import default_model as default_model
 from rillet.core.loaders import gguf as loader_gguf
 from rillet.core.loaders import gguf_arch
@@ -297,14 +297,7 @@ def test_default_model_missing_says_how_to_install(monkeypatch: pytest.MonkeyPat
 
 @pytest.fixture(scope="module")
 def hf_reference() -> tuple[Any, dict[str, torch.Tensor]]:
-    from transformers import AutoModelForCausalLM
-
-    path = default_model_path()
-    with pytest.MonkeyPatch.context() as mp:
-        # transformers rebuilds this pure (arch, layers) -> names table once per module of the
-        # model (~400 times, ~10 s); memoizing it changes nothing but the time.
-        mp.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    model = hf_default_model()
     return model.config, {k: v.detach() for k, v in model.state_dict().items()}
 
 

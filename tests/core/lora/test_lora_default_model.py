@@ -7,12 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import torch
+from harness.hf_gguf import hf_default_model, hf_default_tokenizer
 from rillet.core.config import config_from_dict
 from rillet.core.llm import LLM
-from rillet.core.loaders.default_model import default_model_path
 from rillet.core.sampling_params import SamplingParams
 from tiny_models.lora_adapters import greedy, make_adapter
+
+# minutes on one core: its module is queued first under --dist loadfile (tests/conftest.py)
+pytestmark = pytest.mark.slow
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
 NEW = 12
@@ -20,13 +22,7 @@ NEW = 12
 
 @pytest.fixture(scope="module")
 def refs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    import transformers
-
-    path = default_model_path()
-    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    tok, hf = hf_default_tokenizer(), hf_default_model()
     prompts = [tok(p).input_ids for p in PROMPTS]
     root = tmp_path_factory.mktemp("lora_default")
     out: dict[str, Any] = {"prompts": prompts, "paths": {}, None: [greedy(hf, p, NEW) for p in prompts]}

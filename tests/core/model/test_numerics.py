@@ -29,6 +29,9 @@ import pytest
 from repo import REPO
 from rillet.core.quant.int4 import int4_supported
 
+# minutes on one core: its module is queued first under --dist loadfile (tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 CAPS = {
     "native": {},
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},

@@ -19,6 +19,9 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+# minutes on one core: its module is queued first under --dist loadfile (tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 MAX_TOKENS = 160
 S = {"type": "string", "maxLength": 16}
 SMALL = {"type": "integer", "minimum": 0, "maximum": 99}

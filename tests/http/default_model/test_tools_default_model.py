@@ -15,6 +15,9 @@ import jsonschema
 import openai
 import pytest
 
+# minutes on one core: its module is queued first under --dist loadfile (tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 WEATHER = {
     "type": "object",
     "properties": {"city": {"type": "string", "maxLength": 24}, "unit": {"enum": ["celsius", "fahrenheit"]}},

@@ -1,0 +1,86 @@
+"""An engine whose decode step torch.compile builds on CPU, for the compiled-step tests of
+tests/graphs (test_compiled_decode.py: tiny models; test_compiled_default_model.py: the default
+model): built, its compile waited for, and generation with that step on or off."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from rillet.core.config import config_from_dict
+from rillet.core.llm import LLM
+from rillet.core.runner.model_runner import ModelRunner
+from rillet.core.sampling_params import SamplingParams
+from rillet.graphs.interface import DecodeBatch
+from rillet.graphs.runner import GraphRunner
+from torch._dynamo.utils import counters
+
+BATCHES = (1, 3, 8, 17)
+BUCKETS = [1, 2, 4, 8]
+PROMPTS = [[(7 * i + 3 * k) % 250 + 1 for k in range(2 + (5 * i) % 13)] for i in range(17)]
+
+
+def graphs() -> int:
+    """Graphs dynamo has built in this process so far: a recompile shows as one more."""
+    return int(counters["stats"]["unique_graphs"])
+
+
+@dataclass
+class Compiled:
+    llm: LLM
+    runner: ModelRunner
+    graphs: GraphRunner
+    compiles: int  # graphs dynamo built while the engine started
+
+
+def compiled_llm(model: dict[str, Any], buckets: list[int] = BUCKETS, **sections: Any) -> Iterator[Compiled]:
+    """A float32 CPU engine over `model` (config keys) with its decode step compiled, yielded once
+    the compile has finished without a graph break; a fixture's body (`yield from`)."""
+    before = graphs()
+    cfg = config_from_dict(
+        {
+            "model": {"dtype": "float32", **model, "device": "cpu"},
+            "graphs": {"enabled": "on", "buckets": buckets},
+            "scheduler": {"max_num_seqs": 32, "max_num_batched_tokens": 40},  # chunks prompts
+            **sections,
+        }
+    )
+    llm = LLM(cfg)
+    try:
+        runner = llm.engine.core.runner
+        assert isinstance(runner, ModelRunner) and runner.graph_runner is not None
+        gr = runner.graph_runner
+        assert gr.mode == "compiled" and gr.compiled is not None
+        assert gr.compiled.wait(timeout=900), "compile did not finish"
+        assert gr.compiled.failed is None, gr.compiled.failed  # a graph break would be this error
+        assert gr.compiled.ready and gr.compiled.ready_1 == (buckets[0] == 1)
+        yield Compiled(llm, runner, gr, graphs() - before)
+    finally:
+        llm.close()
+
+
+def generate(c: Compiled, n: int, compiled: bool) -> list[list[int]]:
+    """Greedy tokens for the first `n` PROMPTS, every decode step compiled or every one eager."""
+    assert c.graphs.compiled is not None
+    c.graphs.compiled.ready = compiled  # off: every decode step takes the model runner's eager path
+    try:
+        params = [SamplingParams(max_tokens=6 + i % 5, temperature=0.0, ignore_eos=True) for i in range(n)]
+        return [o.outputs[0].token_ids for o in c.llm.generate(PROMPTS[:n], params)]
+    finally:
+        c.graphs.compiled.ready = True
+
+
+def spy_on_steps(c: Compiled) -> list[int]:
+    """Row counts of the steps that took the compiled path."""
+    assert c.graphs.compiled is not None
+    rows: list[int] = []
+    fn = c.graphs.compiled.fn
+
+    def spy(batch: DecodeBatch) -> torch.Tensor:
+        rows.append(batch.num_rows)
+        return fn(batch)
+
+    c.graphs.compiled.fn = spy
+    return rows
