@@ -137,6 +137,12 @@ def test_tuned_mode_keeps_the_adapter_buffers_inputs(tmp_path: Any, monkeypatch:
         after = gr.run(batch).float().clone()
         eager = adapter.forward_decode(batch).float()
     assert _graphs() == graphs  # nothing compiled again
-    torch.testing.assert_close(after, eager, rtol=0.02, atol=0.02)
     torch.testing.assert_close(after[:2], before[:2])  # the other rows: as they were
-    assert not torch.allclose(after[2], before[2], atol=0.1)  # the new adapter's row changed
+    effect = (after[2] - before[2]).abs().max().item()
+    assert effect > 0.1  # the new adapter's row changed
+    # ... as eager's did: within what the compiled kernels round anyway. The tuned int4 GEMM is a
+    # CPU-dependent template (on AMX it rounds its operands to bf16: 0.025 off eager, seen), so the
+    # bound is the base rows' own distance from eager, not a fixed number
+    rounding = max((after[:2] - eager[:2]).abs().max().item(), 1e-3)
+    row_err = (after[2] - eager[2]).abs().max().item()
+    assert row_err <= 4 * rounding and row_err < effect / 4, (row_err, rounding, effect)
