@@ -122,8 +122,8 @@ def rotate(x: torch.Tensor) -> torch.Tensor:
     d = x.shape[-1]
     g = d & -d  # the largest power of two dividing d
     if torch.compiler.is_compiling():
-        h = torch.tensor(_hadamard(g), dtype=x.dtype, device=x.device)  # [g, g], a graph constant
-        return (x.reshape(*x.shape[:-1], d // g, 1, g) * h).sum(-1).reshape(x.shape)
+        mat = torch.tensor(_hadamard(g), dtype=x.dtype, device=x.device)  # [g, g], a graph constant
+        return (x.reshape(*x.shape[:-1], d // g, 1, g) * mat).sum(-1).reshape(x.shape)
     y = x
     h = 1
     while h < g:  # butterfly stage: pairs h apart within blocks of 2h -> (a + b, a - b)
