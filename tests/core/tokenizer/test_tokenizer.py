@@ -13,6 +13,7 @@ from typing import Any
 
 import gguf
 import pytest
+from harness.hf_gguf import hf_default_tokenizer
 from rillet.core.loaders.default_model import default_model_path
 from rillet.core.tokenizer.chat_template import ChatTemplateError
 from rillet.core.tokenizer.gguf import bytes_to_unicode
@@ -88,10 +89,7 @@ def ours() -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def theirs() -> Any:
-    from transformers import AutoTokenizer
-
-    path = default_model_path()
-    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return hf_default_tokenizer()
 
 
 def _joined(tok: Tokenizer, ids: list[int]) -> str:
