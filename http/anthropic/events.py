@@ -67,7 +67,10 @@ class MessagesFormat:
         return b"".join(self._events(self._parser.feed(text)))
 
     def text_parts(self, index: int, text: str) -> tuple[bytes, bytes, bytes] | None:
-        return None  # every event carries its sequence number: no fast path (sse.py)
+        """Inside an open text block (the first piece opens it through `piece`); never with tools."""
+        if self._parser is not None or self._open != "text":
+            return None
+        return self._text_prefix, _dumps(text), b"}}\n\n"
 
     def finish(self, index: int, reason: str, stop_str: str | None) -> bytes:
         out: list[bytes] = []

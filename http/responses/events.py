@@ -85,7 +85,18 @@ class ResponsesFormat:
         return b"".join(self._events(self._parser.feed(text)))
 
     def text_parts(self, index: int, text: str) -> tuple[bytes, bytes, bytes] | None:
-        return None  # every event carries its sequence number: no fast path (sse.py)
+        """Inside an open message item (the first piece opens it through `piece`); never with
+        tools. A text delta carries the next sequence number, so a non-empty text is taken here
+        as `piece` would take it."""
+        item = self._open
+        if self._parser is not None or item is None or item.kind != "message":
+            return None
+        if not text:
+            return b"", b"", b""  # no event, nothing taken
+        item.parts.append(text)
+        n = self._seq
+        self._seq += 1
+        return item.delta_prefix, _dumps(text), b',"logprobs":[],"sequence_number":%d}\n\n' % n
 
     def finish(self, index: int, reason: str, stop_str: str | None) -> bytes:
         self._finish = reason

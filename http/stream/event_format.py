@@ -27,7 +27,9 @@ class EventFormat(Protocol):
     def text_parts(self, index: int, text: str) -> tuple[bytes, bytes, bytes] | None:
         """The fast path (sse.py): `piece(index, text, None)`'s bytes as (head, middle, tail), for
         the writer to join once with its framing; None when this format has no fast path for it
-        (then `piece` is called). Must not change the format's state."""
+        (then `piece` is called), and then the format's state must not have changed. Parts for a
+        non-empty text are always sent: a format may take the piece as `piece` would (Responses
+        counts its sequence numbers); for an empty text nothing is sent and nothing may change."""
         ...
 
     def finish(self, index: int, reason: str, stop_str: str | None) -> bytes:

@@ -26,9 +26,12 @@ from rillet.core.errors import ErrorKind
 from rillet.core.outputs import SeqDelta, StepOutput
 from rillet.core.ring import SpscRing
 from rillet.core.sequence import FinishReason, TokenLogprob
+from rillet.http.anthropic.events import MessagesFormat
 from rillet.http.openai.chunks import ChunkFormat, Usage
 from rillet.http.openai.logprobs import TokenTexts
+from rillet.http.responses.events import ResponsesFormat
 from rillet.http.stream.dispatcher import Dispatcher
+from rillet.http.stream.event_format import EventFormat
 from rillet.http.stream.request_stream import RequestStream
 from rillet.http.stream.sse import pump_sse
 from rillet.http.stream.transport_write import TransportWrite
@@ -150,7 +153,9 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-async def _run(s: Scenario) -> bytes:
+async def _run(s: Scenario, fmt: EventFormat | None = None, direct: bool = True) -> bytes:
+    """`fmt`: another API's format (default: the scenario's OpenAI chunks); `direct` off: every
+    event goes through the pump (`piece`), never the fast path."""
     transport = Capture()
 
     async def write(data: bytes) -> None:  # aiohttp's own writes: the same chunked framing
@@ -160,21 +165,24 @@ async def _run(s: Scenario) -> bytes:
     disp = Dispatcher(ring, abort=lambda rid: None, max_buffered_tokens=10_000)
     stream = RequestStream("r", s.n)
     disp.register("r", stream)
-    fmt = ChunkFormat(
-        s.chat,
-        "chatcmpl-golden",
-        1700000000,
-        "golden-model",
-        s.n,
-        s.usage,
-        TokenTexts(FakeTokenizer()),
-        s.tools,
-    )
-    head = fmt.role() if s.chat else fmt.echo(s.echo, s.n) if s.echo else b""
+    if fmt is None:
+        chunks = ChunkFormat(
+            s.chat,
+            "chatcmpl-golden",
+            1700000000,
+            "golden-model",
+            s.n,
+            s.usage,
+            TokenTexts(FakeTokenizer()),
+            s.tools,
+        )
+        fmt = chunks
+        head = chunks.role() if s.chat else chunks.echo(s.echo, s.n) if s.echo else b""
+    else:
+        head = fmt.head()
     cfg = StreamConfig(max_tokens_per_event=s.limit)
-    task = asyncio.ensure_future(
-        pump_sse(stream, fmt, Usage([3], s.n), write, cfg, head, TransportWrite(transport, True))
-    )
+    tw = TransportWrite(transport, True) if direct else None
+    task = asyncio.ensure_future(pump_sse(stream, fmt, Usage([3], s.n), write, cfg, head, tw))
     await settle()
     disp.attach(asyncio.get_running_loop())
     for step, pass_ in enumerate(s.passes):  # the steps of a pass are in the ring when it wakes
@@ -201,6 +209,43 @@ def test_sse_bytes_equal_the_golden_copy(name: str) -> None:
 
 def test_the_golden_copy_covers_every_scenario() -> None:
     assert sorted(json.loads(GOLDEN.read_text())) == sorted(SCENARIOS)
+
+
+# The Responses and Messages formats have no copy from before issue 25; their fast path
+# (`text_parts`, taken for a plain delta inside an open message item / text block) must give the
+# bytes their pump gives (`piece`), sequence numbers included.
+OTHER_APIS = ["chat_plain", "chat_held_back", "chat_coalesced", "chat_logprobs", "chat_model_error"]
+OTHER_APIS += ["chat_tools", "chat_cut_off", "chat_aborted"]
+RANDOM_IDS = re.compile(r"(msg|call|fc|toolu)_[0-9a-f]{24,32}")
+
+
+def other_api(api: str, tools: bool) -> EventFormat:
+    if api == "responses":
+        return ResponsesFormat("resp_golden", 1700000000, "golden-model", {"model": "golden-model"}, tools)
+    return MessagesFormat("msg_golden", "golden-model", 3, tools)
+
+
+@pytest.mark.parametrize("name", OTHER_APIS)
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_the_fast_path_sends_the_pumps_bytes_on_every_api(api: str, name: str) -> None:
+    s = SCENARIOS[name]
+    taken: list[int] = []
+    fast = other_api(api, s.tools)
+    parts = fast.text_parts
+
+    def spy(index: int, text: str) -> tuple[bytes, bytes, bytes] | None:
+        got = parts(index, text)
+        taken.append(got is not None)
+        return got
+
+    fast.text_parts = spy  # type: ignore[method-assign]
+    direct = asyncio.run(_run(s, fast))
+    pumped = asyncio.run(_run(s, other_api(api, s.tools), direct=False))
+    assert RANDOM_IDS.sub("ID", direct.decode()) == RANDOM_IDS.sub("ID", pumped.decode())
+    if name == "chat_plain":  # "lo" after "Hel" opened the item or block: a fast-path event
+        assert taken == [False, True]
+    if s.tools:
+        assert not any(taken)
 
 
 def _regenerate() -> None:  # by hand only (see the module docstring)
