@@ -63,7 +63,9 @@ class EngineCore(RunLanding):
         self._detok: dict[int, IncrementalDetokenizer] = {}
         self.overlap = overlap
         self._inflight: InflightStep | None = None  # launched, not yet landed (overlap only)
-        self._inflight_verifies = False  # ... and it verifies drafts
+        # ... the drafts it verifies, by sequence, as launched: an abort or deadline while it is in
+        # flight releases a sequence (its draft_ids cleared), yet its rows are in the result
+        self._inflight_verifies: dict[int, list[int]] = {}
         self.spec = spec
         self._inflight_step = 0  # its step number
         self._landed_step = 0  # the number of the step whose tokens were post-processed last
@@ -150,7 +152,7 @@ class EngineCore(RunLanding):
             spec.propose(self.scheduler.running)
         batch = self.scheduler.schedule()
         launched = None
-        verifies = False
+        verifies: dict[int, list[int]] = {}
         if batch.seqs:
             self.steps += 1
             if before_run is not None:
@@ -158,7 +160,8 @@ class EngineCore(RunLanding):
             launched = self._launch(batch, deltas)
             if after_launch is not None:
                 after_launch()
-            verifies = spec is not None and launched is not None and any(s.draft_ids for s in batch.seqs)
+            if spec is not None and launched is not None:
+                verifies = {s.seq_id: s.draft_ids for s in batch.seqs if s.draft_ids}
         if self._inflight is not None:
             deltas.extend(self._land())
         self._inflight, self._inflight_step, self._inflight_verifies = launched, self.steps, verifies
@@ -193,7 +196,7 @@ class EngineCore(RunLanding):
     def _land(self) -> list[SeqDelta]:
         """Waits for the launched step's tokens and post-processes them."""
         launched, self._inflight = self._inflight, None
-        verifies, self._inflight_verifies = self._inflight_verifies, False
+        verifies, self._inflight_verifies = self._inflight_verifies, {}
         assert launched is not None
         self._landed_step = self._inflight_step
         deltas: list[SeqDelta] = []
@@ -216,7 +219,7 @@ class EngineCore(RunLanding):
         else:
             sampled, pooled = seqs, []
         if verifies:
-            deltas.extend(self._postprocess_runs(sampled, result))
+            deltas.extend(self._postprocess_runs(sampled, result, verifies))
         else:
             deltas.extend(self._postprocess(sampled, result))
         if pooled:

@@ -36,8 +36,12 @@ class RunLanding:
     def _failed_output(self, seq: Seq, exc: Exception) -> list[SeqDelta]:
         raise NotImplementedError
 
-    def _postprocess_runs(self, sampled: list[Seq], result: SampleResult) -> list[SeqDelta]:
-        """result rows are per sampled position: 1 + len(draft_ids) consecutive rows per sequence."""
+    def _postprocess_runs(
+        self, sampled: list[Seq], result: SampleResult, drafts: dict[int, list[int]]
+    ) -> list[SeqDelta]:
+        """result rows are per sampled position: 1 + len(draft) consecutive rows per sequence, its
+        draft as launched (`drafts`, by seq_id): a sequence aborted while the step ran has had its
+        draft_ids cleared since, and its rows must still be skipped, not taken for the next's."""
         deltas: list[SeqDelta] = []
         now = time.monotonic()
         spec = self.spec
@@ -45,7 +49,7 @@ class RunLanding:
         tokens, logprobs = result.token_ids, result.logprobs
         end = 0
         for seq in sampled:
-            draft = seq.draft_ids
+            draft = drafts.get(seq.seq_id, [])
             start, end = end, end + 1 + len(draft)
             seq.draft_ids = []
             if seq.status is SeqStatus.FINISHED:

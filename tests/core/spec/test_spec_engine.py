@@ -15,7 +15,9 @@ import pytest
 import torch
 from drivers.workload import EOS, WORKLOAD, Req, Run, check_deltas, drive, prompt, save_eos_model
 from rillet.core.config import RilletConfig, config_from_dict
+from rillet.core.engine.core import EngineCore
 from rillet.core.llm import LLM
+from rillet.core.outputs import SeqDelta
 from rillet.core.runtime import Runtime, load_runtime
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sampling_params import SamplingParams as P
@@ -94,6 +96,29 @@ def test_the_workload_gives_the_same_outputs_with_speculation(runtime: Runtime, 
     # several tokens of one sequence reached the front end as one delta; a first token came alone
     assert max(len(d.token_ids) for ds in fast.deltas.values() for d in ds) > 1
     assert all(len(ds[0].token_ids) == 1 for ds in fast.deltas.values())
+
+
+def test_an_abort_while_its_drafts_are_verified_changes_no_other_output(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With overlapped steps the front end can abort a request while the step verifying its draft
+    is in flight. The abort clears its draft_ids; the landing must still skip all of its rows (the
+    bug found 2026-12-02: it skipped one, and every later sequence of the step took its
+    neighbour's token). 1-token n-gram lookups make "aborted" draft at that moment."""
+    in_flight: list[bool] = []
+    real_abort = EngineCore.abort
+
+    def abort(core: EngineCore, request_id: str, *args: Any) -> list[SeqDelta]:
+        ids = {s.seq_id for s in core.seqs.get(request_id, [])}
+        in_flight.append(any(i in core._inflight_verifies for i in ids))
+        return real_abort(core, request_id, *args)
+
+    workload = WORKLOAD + GROUNDED
+    plain = drive(runtime, overlap=False, workload=workload)
+    monkeypatch.setattr(EngineCore, "abort", abort)
+    fast = drive(runtime, overlap=True, workload=workload, spec=speculator(runtime, ngram_min=1))
+    assert in_flight == [True]  # the abort came while the step verifying its draft was in flight
+    same_outputs(plain, fast, workload)
 
 
 @pytest.mark.parametrize("draft", ["itself", "another"])
