@@ -95,6 +95,31 @@ def test_int8_head_refines_its_top_logits_to_float32() -> None:
     assert torch.equal(got.argmax(-1), exact.argmax(-1))
 
 
+def test_int8_head_rows_past_a_whole_block_run_apart_with_the_same_bits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """More rows than a block of 4 and not a multiple of it: the whole blocks and the rest are two
+    kernel calls (the rest would cost a whole pass riding along), and every row's logits are the
+    bits one call gives: the kernel computes each row alone."""
+    w = q8_0_like(512, 96)
+    head = Int8Weight(w)
+    real = torch.ops.aten._weight_int8pack_mm
+    calls: list[int] = []
+
+    def spy(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return real(x, codes, scales)
+
+    x = torch.randn(13, 96, generator=torch.Generator().manual_seed(6))
+    single = real(x.to(torch.bfloat16), head.row_codes, head.row_scales)
+    monkeypatch.setattr(torch.ops.aten, "_weight_int8pack_mm", spy)
+    for m in range(1, 14):
+        calls.clear()
+        got = head(x[:m])
+        assert torch.equal(got, single[:m])
+        assert calls == ([m] if m <= 4 or m % 4 == 0 else [m - m % 4, m % 4])
+
+
 def test_float32_activations_round_only_the_operands() -> None:
     w = q4_1_like(64, 64, seed=2)
     b = torch.randn(64)
