@@ -158,10 +158,10 @@ class EngineCore(RunLanding):
             if before_run is not None:
                 before_run()
             launched = self._launch(batch, deltas)
+            if spec is not None and launched is not None:  # before anything can abort one of them
+                verifies = {s.seq_id: s.draft_ids for s in batch.seqs if s.draft_ids}
             if after_launch is not None:
                 after_launch()
-            if spec is not None and launched is not None:
-                verifies = {s.seq_id: s.draft_ids for s in batch.seqs if s.draft_ids}
         if self._inflight is not None:
             deltas.extend(self._land())
         self._inflight, self._inflight_step, self._inflight_verifies = launched, self.steps, verifies
