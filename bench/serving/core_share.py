@@ -4,8 +4,9 @@ issue 25's pinned method puts the server on one core (one torch thread) and the 
 so every microsecond the event loop spends is one the model does not get. This script serves that
 way, keeps C raw clients (bench/lib/raw_client.py) asking for 200 greedy tokens each, and for each
 mode records the server's core with `perf record -C` for `--seconds`: per thread (the event loop is
-the process's main thread; the engine and the rest are the others), the share of the core's
-samples and its kernel part, and from /metrics the tokens made meanwhile. Reported:
+the process's main thread; the engine and the server's other threads are the rest; idle and other
+processes count only in the whole), the share of the core's samples and its kernel part, and from
+/metrics the tokens made meanwhile. Reported:
   - loop us/token (user, kernel) streamed and not, and the difference: the server's extra CPU per
     streamed token, which on loopback includes the receiving side's TCP path and the client's
     wake-up (the kernel runs them in the sender's `send`);
@@ -20,19 +21,18 @@ Needs `perf` and the rights to record a CPU (root, or kernel.perf_event_paranoid
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from bench.lib.common import table, write_json
 from bench.lib.raw_client import RawClient
 from bench.lib.server_proc import RilletServer
+from bench.serving.serve_sweep import served_model
 
 PROMPT = "What is the meaning of life?"
 ROW = re.compile(r"^\s*(\d+)\s+(\d+):\S*\s+(\S+)")  # samples, tid:comm, dso
@@ -86,9 +86,11 @@ def window(srv: RilletServer, model: str, c: int, stream: bool, seconds: float, 
         t.join()
     counts = per_thread(data)
     assert srv.proc is not None
-    total = sum(v[0] for v in counts.values())
-    loop = counts.get(srv.proc.pid, [0, 0])
-    engine = sum(v[0] for tid, v in counts.items() if tid != srv.proc.pid and tid != 0)
+    pid = srv.proc.pid
+    server = {int(t) for t in os.listdir(f"/proc/{pid}/task")}  # its threads (the loop: pid)
+    total = sum(v[0] for v in counts.values())  # the whole core, idle and other processes too
+    loop = counts.get(pid, [0, 0])
+    engine = sum(v[0] for tid, v in counts.items() if tid in server and tid != pid)
     us = seconds * 1e6 / total  # one sample's share of the window
     return {
         "concurrency": c,
@@ -113,8 +115,7 @@ def main() -> None:
     os.sched_setaffinity(0, {args.client_cpu})
     rows: list[dict[str, Any]] = []
     with RilletServer(args.sets, cpus={args.server_cpu}) as srv:
-        with urllib.request.urlopen(srv.base_url + "/models") as r:
-            model = json.loads(r.read())["data"][0]["id"]
+        model = served_model(srv.base_url, "auto")
         for c in args.concurrency:
             n, s = (window(srv, model, c, stream, args.seconds, args.server_cpu) for stream in (False, True))
             rows.append(
