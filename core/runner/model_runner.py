@@ -20,6 +20,7 @@ from rillet.core.runner.pooling import ChunkPooler, Pooled
 from rillet.core.runner.sample_output import HostSample
 from rillet.core.runner.sampler import Sampler
 from rillet.core.runner.step_inputs import InputBuilder, StepInputs
+from rillet.core.runner.verify_rounds import Ready, sample_in_rounds
 from rillet.core.sequence import Seq
 from rillet.core.spec.grammar import verify_masks
 from rillet.core.spec.verify_layout import padded_verify_batch
@@ -32,7 +33,7 @@ from rillet.graphs.runner import GraphRunner
 @dataclass
 class _Launched:
     seqs: list[Seq]  # the sampled ones, then the pooled ones
-    host: HostSample
+    host: HostSample | Ready
     pooled: Pooled | None = None
 
     def wait(self) -> SampleResult:
@@ -101,6 +102,18 @@ class ModelRunner:
         if not rows:  # prefill chunks that sample nothing yet, embeddings
             empty = HostSample(torch.empty(0, dtype=torch.int64), None, 0, None)
             return _Launched(pooled_seqs, empty, pooled)
+        if inp.sample_offsets is not None and self.device.type == "cpu":  # verify_rounds.py
+            result, tokens = sample_in_rounds(
+                self.model.compute_logits,
+                self.sampler,
+                sampled,
+                rows,
+                inp.sample_seqs,
+                inp.sample_offsets,
+                mask,
+            )
+            self.inputs.store_sampled(inp, tokens)
+            return _Launched(seqs + pooled_seqs, Ready(result), pooled)
         logits = self.model.compute_logits(sampled)  # [S, V]
         sample = self.sampler.sample_device(logits, rows, mask)
         self.inputs.store_sampled(inp, sample.tokens)

@@ -97,6 +97,16 @@ class PendingMask:
         self._stats.check_s += time.perf_counter() - t0
         return tokens
 
+    def take(self, rows: list[int]) -> PendingMask | None:
+        """The mask of the step's rows `rows` (ascending) alone, for sampling them as a batch of
+        their own (a verify step's rounds, core/runner/verify_rounds.py). Masks filled inline only."""
+        assert self._fill is None and not self.lazy, "take() needs a mask filled inline"
+        where = {row: i for i, row in enumerate(rows)}
+        keep = [j for j, row in enumerate(self.rows) if row in where]
+        if not keep:
+            return None
+        return PendingMask([where[self.rows[j]] for j in keep], self.bits[keep], None, self._stats)
+
     def wait(self) -> None:
         if self._fill is not None:
             t0 = time.perf_counter()

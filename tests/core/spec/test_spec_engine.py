@@ -18,6 +18,9 @@ from rillet.core.config import RilletConfig, config_from_dict
 from rillet.core.engine.core import EngineCore
 from rillet.core.llm import LLM
 from rillet.core.outputs import SeqDelta
+from rillet.core.runner import model_runner
+from rillet.core.runner.base import SampleResult
+from rillet.core.runner.verify_rounds import NOT_COMPUTED, sample_in_rounds
 from rillet.core.runtime import Runtime, load_runtime
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sampling_params import SamplingParams as P
@@ -80,12 +83,23 @@ def same_outputs(a: Run, b: Run, workload: list[Req]) -> None:
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_the_workload_gives_the_same_outputs_with_speculation(runtime: Runtime, overlap: bool) -> None:
+def test_the_workload_gives_the_same_outputs_with_speculation(
+    runtime: Runtime, overlap: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    skipped: list[int] = []  # per verify step: rows past a refusal, whose logits were never computed
+
+    def spy(*args: Any) -> tuple[SampleResult, torch.Tensor]:
+        result, tokens = sample_in_rounds(*args)
+        skipped.append(result.token_ids.count(NOT_COMPUTED))
+        return result, tokens
+
     workload = WORKLOAD + GROUNDED
     plain = drive(runtime, overlap=False, workload=workload)
     spec = speculator(runtime)
+    monkeypatch.setattr(model_runner, "sample_in_rounds", spy)
     fast = drive(runtime, overlap=overlap, workload=workload, spec=spec)
     same_outputs(plain, fast, workload)
+    assert skipped and max(skipped) > 0  # the CPU verify steps went in rounds (verify_rounds.py)
     st = spec.stats
     assert st.accepted > 0 and st.drafted > st.accepted  # drafts were kept, and some refused
     assert fast.steps < plain.steps
