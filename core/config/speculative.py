@@ -17,15 +17,20 @@ class SpeculativeConfig:
     # its prompt + output) | draft (a second, smaller model with the same tokenizer)
     method: SpecMethod = "off"
     num_tokens: int = 4  # k: draft tokens per sequence per step (adaptive k stays at or below it)
-    ngram_min: int = 2  # shortest suffix looked up (ngram)
+    # shortest suffix looked up (ngram). 1: a single matching token is enough; on CPU a refused
+    # 1-token draft costs little (a verify row, and no LM head past the first refusal), and
+    # grounded answers gain (bench/RESULTS.md, 2026-12-02 evening)
+    ngram_min: int = 1
     ngram_max: int = 4  # longest suffix looked up, tried first (ngram)
     draft_model: str | None = None  # draft: a .gguf file or a Hugging Face folder, loaded like model.path
     # draft: its weights' precision, resolved like model.quantization (auto = int4 for a 4-bit GGUF
     # on CPU); it runs in the target's dtype
     draft_quantization: Literal["auto", "none", "int4"] = "auto"
     # no speculation while more sequences than this are running: a plain step is then cheaper than
-    # verifying drafts (the batch already fills the matmuls)
-    max_batch: int = 4
+    # verifying drafts (the batch already fills the matmuls). Measured on CPU (bench/RESULTS.md):
+    # at 2 running, drafts pay on grounded answers and cost chat nothing; at 4, grounded gains
+    # nothing and chat loses 5-8 %
+    max_batch: int = 2
 
     def __post_init__(self) -> None:
         check(self.method in ("off", "ngram", "draft"), "speculative.method", "must be off, ngram or draft")
