@@ -1,0 +1,141 @@
+"""Speculative-decoding settings compared in one engine: n-gram sizes, k, the verify step's LM head
+in rounds, spec off, at batch 1 / 2 / 4, without the HTTP stack.
+
+Separate servers (bench.serving.speculative) differ by a few % between starts on a drifting host;
+here every variant runs in one process, on the same compiled graphs, round-robin, so the
+differences between variants are measured on the same machine state. The engine starts with
+`speculative.method=ngram`, `num_tokens` = the largest k asked and `max_batch` = the largest batch
+(the verify graph's buffers are sized for them); a variant then swaps the speculator's config and
+n-gram drafter between batches (each request builds its adaptive k and n-gram index when it starts,
+from them), and `verify_rounds.ROUND`. "off" is a drafter that never proposes (every step a plain
+decode). Prompts: the server bench's grounded and chat sets, through the model's chat template,
+greedy, 128 tokens max; at batch B they go B at a time. Reports per variant the best and median
+wall time of a set and tok/s, and the engine's peak RSS.
+
+    .venv/bin/python -m bench.engine.spec_ab                              # batch 1, the variants below
+    .venv/bin/python -m bench.engine.spec_ab --batch 2 4 --variants off min2-k4 min1-k4
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+from collections import defaultdict
+from typing import Any
+
+from rillet.core.llm import LLM
+from rillet.core.runner import verify_rounds
+from rillet.core.sampling_params import SamplingParams
+from rillet.core.sequence import Seq
+from rillet.core.spec.ngram import NgramDrafter
+
+from bench.lib.common import peak_rss_mib, table, write_json
+from bench.serving.speculative import CHAT, GROUNDED
+
+# name -> (ngram_min, k, LM head rows per round); k = 0: off
+VARIANTS: dict[str, tuple[int, int, int]] = {
+    "off": (2, 0, verify_rounds.ROUND),
+    "min2-k4": (2, 4, verify_rounds.ROUND),
+    "min1-k4": (1, 4, verify_rounds.ROUND),
+    "min1-k8": (1, 8, verify_rounds.ROUND),
+    "min1-k8-one-round": (1, 8, 1_000),
+    "min2-k8": (2, 8, verify_rounds.ROUND),
+}
+
+
+class _NoDrafts(NgramDrafter):
+    def propose(self, seqs: list[Seq], ks: list[int], hidden: Any = None) -> list[list[int]]:
+        return [[] for _ in seqs]
+
+
+def _use(llm: LLM, variant: tuple[int, int, int], base: Any) -> None:
+    ngram_min, k, rows = variant
+    spec = llm.engine.core.spec
+    assert spec is not None
+    spec.cfg = dataclasses.replace(base, ngram_min=ngram_min, num_tokens=k or base.num_tokens)
+    spec.drafter = _NoDrafts(1, 1) if k == 0 else NgramDrafter(ngram_min, base.ngram_max)
+    verify_rounds.ROUND = rows
+
+
+def _ratio(off: list[float] | None, ws: list[float]) -> float | None:
+    return None if not off else round(statistics.median(off[1:]) / statistics.median(ws), 3)
+
+
+def _wait_compiled(llm: LLM, chat: Any) -> None:
+    gr = llm.engine.core.runner.graph_runner  # type: ignore[attr-defined]
+    while gr is not None and gr.compiled is not None:
+        cv = gr.verify_compiled
+        if gr.compiled.wait(0) and (cv is None or cv.ready):
+            return
+        llm.generate([chat("hi")], SamplingParams(max_tokens=4, temperature=0.0))  # drives poll()
+        time.sleep(1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--batch", nargs="+", type=int, default=[1])
+    ap.add_argument("--rounds", type=int, default=5, help="passes over the variants")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--set", dest="sets", action="append", default=[], help="config override k=v")
+    ap.add_argument("--out", default="bench/results/spec_ab.json")
+    args = ap.parse_args()
+    k_max = max(VARIANTS[v][1] for v in args.variants) or 4
+    # the verify graph holds max_batch rows: a larger batch would verify eager
+    over = [
+        "speculative.method=ngram",
+        f"speculative.num_tokens={k_max}",
+        f"speculative.max_batch={max(args.batch)}",
+        *args.sets,
+    ]
+    sets = {"grounded": GROUNDED, "chat": CHAT}
+    walls: dict[tuple[str, int, str], list[float]] = defaultdict(list)
+    tokens: dict[tuple[str, int], int] = {}
+    with LLM(overrides=over) as llm:
+        tok = llm.tokenizer
+
+        def chat(p: str) -> str:
+            return tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
+
+        _wait_compiled(llm, chat)
+        base = llm.engine.core.spec.cfg  # type: ignore[union-attr]
+        sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+        for _ in range(args.rounds + 1):  # the first pass warms the prefix cache, not counted
+            for b in args.batch:
+                for name in args.variants:
+                    _use(llm, VARIANTS[name], base)
+                    for set_name, prompts in sets.items():
+                        t0 = time.perf_counter()
+                        n = 0
+                        for i in range(0, len(prompts), b):
+                            outs = llm.generate([chat(p) for p in prompts[i : i + b]], sp)
+                            n += sum(len(o.outputs[0].token_ids) for o in outs)
+                        walls[(set_name, b, name)].append(time.perf_counter() - t0)
+                        tokens[(set_name, b)] = n
+    rows: list[dict[str, Any]] = []
+    for (set_name, b, name), ws in sorted(walls.items()):
+        ws = ws[1:]
+        off = walls.get((set_name, b, "off"))
+        best = min(ws)
+        rows.append(
+            {
+                "set": set_name,
+                "batch": b,
+                "variant": name,
+                "best_ms": round(best * 1e3),
+                "median_ms": round(statistics.median(ws) * 1e3),
+                "tok_s": round(tokens[(set_name, b)] / best, 1),
+                "vs_off_median": _ratio(off, ws),
+            }
+        )
+    rss = peak_rss_mib()
+    print(f"greedy, {args.max_tokens} tokens max, best / median of {args.rounds} passes")
+    print(f"peak RSS {rss:.0f} MiB")
+    print(table(rows, ["set", "batch", "variant", "best_ms", "median_ms", "tok_s", "vs_off_median"]))
+    write_json(args.out, {"args": vars(args), "rows": rows, "peak_rss_mib": peak_rss_mib()})
+
+
+if __name__ == "__main__":
+    main()
