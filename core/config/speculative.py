@@ -28,8 +28,8 @@ class SpeculativeConfig:
     draft_quantization: Literal["auto", "none", "int4"] = "auto"
     # no speculation while more sequences than this are running: a plain step is then cheaper than
     # verifying drafts (the batch already fills the matmuls). Measured on CPU (bench/RESULTS.md):
-    # at 2 running, drafts pay on grounded answers and cost chat nothing; at 4, grounded gains
-    # nothing and chat loses 5-8 %
+    # at 2 running, drafts pay on grounded answers and cost chat nothing; at 4 they cost 6-9 %
+    # on both
     max_batch: int = 2
 
     def __post_init__(self) -> None:
