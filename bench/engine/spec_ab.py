@@ -31,7 +31,7 @@ from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import Seq
 from rillet.core.spec.ngram import NgramDrafter
 
-from bench.lib.common import peak_rss_mib, table, write_json
+from bench.lib.common import decode_path, peak_rss_mib, table, write_json
 from bench.serving.speculative import CHAT, GROUNDED
 
 # name -> (ngram_min, k, LM head rows per round); k = 0: off
@@ -63,16 +63,6 @@ def _ratio(off: list[float] | None, ws: list[float]) -> float | None:
     return None if not off else round(statistics.median(off[1:]) / statistics.median(ws), 3)
 
 
-def _wait_compiled(llm: LLM, chat: Any) -> None:
-    gr = llm.engine.core.runner.graph_runner  # type: ignore[attr-defined]
-    while gr is not None and gr.compiled is not None:
-        cv = gr.verify_compiled
-        if gr.compiled.wait(0) and (cv is None or cv.ready):
-            return
-        llm.generate([chat("hi")], SamplingParams(max_tokens=4, temperature=0.0))  # drives poll()
-        time.sleep(1)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
@@ -99,7 +89,7 @@ def main() -> None:
         def chat(p: str) -> str:
             return tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
 
-        _wait_compiled(llm, chat)
+        decode_path(llm)  # waits for the background compile (the verify step's too)
         base = llm.engine.core.spec.cfg  # type: ignore[union-attr]
         sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
         for _ in range(args.rounds + 1):  # the first pass warms the prefix cache, not counted

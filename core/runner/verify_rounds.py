@@ -25,12 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from rillet.core.quant.int4 import ROW_BLOCK
 from rillet.core.runner.base import SampleResult
 from rillet.core.runner.sampler import Sampler
 from rillet.core.sequence import Seq, TokenLogprob
+from rillet.core.spec.views import runs_of
 from rillet.core.structured.masks import PendingMask
 
-ROUND = 4  # positions per run and round: the int8 head's block of rows (core/quant/int4.py)
+ROUND = ROW_BLOCK  # positions per run and round: the int8 head's block of rows
 NOT_COMPUTED = -1  # the token of a row past its run's first refusal
 
 
@@ -42,20 +44,6 @@ class Ready:
 
     def wait(self) -> SampleResult:
         return self.result
-
-
-def runs_of(offsets: list[int]) -> list[tuple[int, int]]:
-    """Sample-row offsets (StepInputs.sample_offsets) -> (first row, length) per verify run; a
-    row sampled once per sequence is a run of 1. A run's rows are consecutive, offsets 0..k."""
-    runs: list[tuple[int, int]] = []
-    for i, j in enumerate(offsets):
-        if j == 0:
-            runs.append((i, 1))
-        else:
-            start, n = runs[-1]
-            assert j == n, "verify rows out of order"
-            runs[-1] = (start, n + 1)
-    return runs
 
 
 def sample_in_rounds(

@@ -14,6 +14,7 @@ import logging
 
 import torch
 from rillet.core.sequence import Seq
+from rillet.core.spec.views import runs_of
 from rillet.core.structured.masks import MaskFiller, PendingMask
 
 log = logging.getLogger(__name__)
@@ -26,14 +27,11 @@ def verify_masks(filler: MaskFiller, rows: list[Seq], offsets: list[int]) -> Pen
     if not constrained:
         return None
     bits = torch.empty(len(constrained), filler.words, dtype=torch.int32)
-    j = 0
-    while j < len(constrained):
-        seq = rows[constrained[j]]
-        run = 1
-        while j + run < len(constrained) and offsets[constrained[j + run]] == run:
-            run += 1
-        _fill_run(filler, seq, bits, j, run)
-        j += run
+    j = 0  # bitmask row: a run's rows are all constrained or none (one sequence)
+    for start, run in runs_of(offsets):
+        if rows[start].grammar is not None:
+            _fill_run(filler, rows[start], bits, j, run)
+            j += run
     filler.stats.steps += 1
     filler.stats.rows += len(constrained)
     return PendingMask(constrained, bits, None, filler.stats)

@@ -49,3 +49,17 @@ def accepted_run(draft: list[int], sampled: list[int]) -> int:
             break
         a += 1
     return a
+
+
+def runs_of(offsets: list[int]) -> list[tuple[int, int]]:
+    """Sample-row offsets (StepInputs.sample_offsets) -> (first row, length) per verify run; a
+    row sampled once per sequence is a run of 1. A run's rows are consecutive, offsets 0..k."""
+    runs: list[tuple[int, int]] = []
+    for i, j in enumerate(offsets):
+        if j == 0:
+            runs.append((i, 1))
+        else:
+            start, n = runs[-1]
+            assert j == n, "verify rows out of order"
+            runs[-1] = (start, n + 1)
+    return runs

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 from rillet.core.runner.sampler import Sampler
-from rillet.core.runner.verify_rounds import NOT_COMPUTED, ROUND, runs_of, sample_in_rounds
+from rillet.core.runner.verify_rounds import NOT_COMPUTED, ROUND, sample_in_rounds
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import Seq
 from rillet.core.spec.views import accepted_run, position_views
@@ -23,11 +23,6 @@ def seq(i: int, **params: Any) -> Seq:
     s.output_ids = [4]
     s.num_computed = s.num_tokens - 1
     return s
-
-
-def test_runs_of_groups_each_sequence_s_positions() -> None:
-    assert runs_of([0, 0, 1, 2, 0, 0, 1]) == [(0, 1), (1, 3), (4, 1), (5, 2)]
-    assert runs_of([]) == []
 
 
 def test_rows_past_the_first_refusal_are_never_computed_and_the_rest_sample_as_one_batch() -> None:

@@ -15,7 +15,7 @@ from rillet.core.sequence import Seq
 from rillet.core.spec.adaptive import MIN_ACCEPTANCE, PAUSE_STEPS, WINDOW, AdaptiveK
 from rillet.core.spec.ngram import NgramDrafter
 from rillet.core.spec.speculator import Speculator
-from rillet.core.spec.views import accepted_run, position_views
+from rillet.core.spec.views import accepted_run, position_views, runs_of
 
 EOS = 2
 
@@ -119,6 +119,11 @@ def test_views_see_the_drafts_before_their_position() -> None:
     assert accepted_run([4, 5, 6], [4, 5, 9, 1]) == 2
     assert accepted_run([4, 5], [4, 5, 1]) == 2
     assert accepted_run([4], [3, 1]) == 0
+
+
+def test_runs_of_groups_each_sequence_s_positions() -> None:
+    assert runs_of([0, 0, 1, 2, 0, 0, 1]) == [(0, 1), (1, 3), (4, 1), (5, 2)]
+    assert runs_of([]) == []
 
 
 def test_scheduler_plans_the_draft_cuts_it_to_the_budget_and_never_preempts_for_it() -> None:
