@@ -1,19 +1,21 @@
-"""Speculative-decoding settings compared in one engine: n-gram sizes, k, the verify step's LM head
-in rounds, spec off, at batch 1 / 2 / 4, without the HTTP stack.
+"""Speculative-decoding settings compared in one engine: n-gram sizes, k, the draft length policy,
+the verify step's LM head in rounds, spec off, at batch 1 / 2 / 4, without the HTTP stack.
 
 Separate servers (bench.serving.speculative) differ by a few % between starts on a drifting host;
 here every variant runs in one process, on the same compiled graphs, round-robin, so the
 differences between variants are measured on the same machine state. The engine starts with
 `speculative.method=ngram`, `num_tokens` = the largest k asked and `max_batch` = the largest batch
 (the verify graph's buffers are sized for them); a variant then swaps the speculator's config and
-n-gram drafter between batches (each request builds its adaptive k and n-gram index when it starts,
-from them), and `verify_rounds.ROUND`. "off" is a drafter that never proposes (every step a plain
-decode). Prompts: the server bench's grounded and chat sets, through the model's chat template,
-greedy, 128 tokens max; at batch B they go B at a time. Reports per variant the best and median
+n-gram drafter between batches (each request builds its draft length policy and n-gram index when
+it starts, from them), and `verify_rounds.ROUND`. "off" is a drafter that never proposes (every
+step a plain decode); "adaptive" variants size the lookup's drafts as a draft model's are
+(adaptive k, the policy before 2026-12-03), "match" ones by the matched suffix and `row_cost`.
+Prompts: the server bench's grounded and chat sets, through the model's chat template, greedy,
+128 tokens max; at batch B they go B at a time. Reports per variant the best and median
 wall time of a set and tok/s, and the engine's peak RSS.
 
     .venv/bin/python -m bench.engine.spec_ab                              # batch 1, the variants below
-    .venv/bin/python -m bench.engine.spec_ab --batch 2 4 --variants off min2-k4 min1-k4
+    .venv/bin/python -m bench.engine.spec_ab --batch 2 4 --variants off adaptive-k4 match-k8
 """
 
 from __future__ import annotations
@@ -29,34 +31,53 @@ from rillet.core.llm import LLM
 from rillet.core.runner import verify_rounds
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import Seq
+from rillet.core.spec.drafter import Draft
 from rillet.core.spec.ngram import NgramDrafter
 
 from bench.lib.common import decode_path, peak_rss_mib, table, write_json
 from bench.serving.speculative import CHAT, GROUNDED
 
-# name -> (ngram_min, k, LM head rows per round); k = 0: off
-VARIANTS: dict[str, tuple[int, int, int]] = {
-    "off": (2, 0, verify_rounds.ROUND),
-    "min2-k4": (2, 4, verify_rounds.ROUND),
-    "min1-k4": (1, 4, verify_rounds.ROUND),
-    "min1-k8": (1, 8, verify_rounds.ROUND),
-    "min1-k8-one-round": (1, 8, 1_000),
-    "min2-k8": (2, 8, verify_rounds.ROUND),
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    k: int  # 0: off
+    ngram_min: int = 1
+    policy: str = "match"  # match: ByMatch (row_cost) | adaptive: AdaptiveK
+    row_cost: float = 0.1
+    rows: int = verify_rounds.ROUND  # LM head rows per round
+
+
+VARIANTS: dict[str, Variant] = {
+    "off": Variant(0),
+    "adaptive-k4": Variant(4, policy="adaptive"),
+    "adaptive-k8": Variant(8, policy="adaptive"),
+    "min2-adaptive-k4": Variant(4, ngram_min=2, policy="adaptive"),
+    "match-k8": Variant(8),
+    "match-k6": Variant(6),
+    "match-k8-c0.05": Variant(8, row_cost=0.05),
+    "match-k8-c0.15": Variant(8, row_cost=0.15),
+    "match-k8-one-round": Variant(8, rows=1_000),
 }
 
 
 class _NoDrafts(NgramDrafter):
-    def propose(self, seqs: list[Seq], ks: list[int], hidden: Any = None) -> list[list[int]]:
-        return [[] for _ in seqs]
+    def propose(self, seqs: list[Seq], ks: list[int], hidden: Any = None) -> list[Draft]:
+        return [Draft([]) for _ in seqs]
 
 
-def _use(llm: LLM, variant: tuple[int, int, int], base: Any) -> None:
-    ngram_min, k, rows = variant
+class _AdaptiveNgram(NgramDrafter):
+    cheap = False  # the speculator then sizes its drafts with adaptive k, as a draft model's
+
+
+def _use(llm: LLM, v: Variant, base: Any) -> None:
     spec = llm.engine.core.spec
     assert spec is not None
-    spec.cfg = dataclasses.replace(base, ngram_min=ngram_min, num_tokens=k or base.num_tokens)
-    spec.drafter = _NoDrafts(1, 1) if k == 0 else NgramDrafter(ngram_min, base.ngram_max)
-    verify_rounds.ROUND = rows
+    spec.cfg = dataclasses.replace(
+        base, ngram_min=v.ngram_min, num_tokens=v.k or base.num_tokens, row_cost=v.row_cost
+    )
+    kind = _NoDrafts if v.k == 0 else _AdaptiveNgram if v.policy == "adaptive" else NgramDrafter
+    spec.drafter = kind(v.ngram_min, base.ngram_max)
+    verify_rounds.ROUND = v.rows
 
 
 def _ratio(off: list[float] | None, ws: list[float]) -> float | None:
@@ -65,14 +86,16 @@ def _ratio(off: list[float] | None, ws: list[float]) -> float | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument(
+        "--variants", nargs="+", default=["off", "adaptive-k4", "match-k8"], choices=list(VARIANTS)
+    )
     ap.add_argument("--batch", nargs="+", type=int, default=[1])
     ap.add_argument("--rounds", type=int, default=5, help="passes over the variants")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--set", dest="sets", action="append", default=[], help="config override k=v")
     ap.add_argument("--out", default="bench/results/spec_ab.json")
     args = ap.parse_args()
-    k_max = max(VARIANTS[v][1] for v in args.variants) or 4
+    k_max = max(VARIANTS[v].k for v in args.variants) or 4
     # the verify graph holds max_batch rows: a larger batch would verify eager
     over = [
         "speculative.method=ngram",

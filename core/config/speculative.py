@@ -16,12 +16,20 @@ class SpeculativeConfig:
     # off | ngram (prompt lookup: the tokens that followed the sequence's last n tokens earlier in
     # its prompt + output) | draft (a second, smaller model with the same tokenizer)
     method: SpecMethod = "off"
-    num_tokens: int = 4  # k: draft tokens per sequence per step (adaptive k stays at or below it)
+    # k: the most draft tokens per sequence per step. ngram keeps fewer where they do not pay
+    # (row_cost); a draft model's adaptive k stays at or below it
+    num_tokens: int = 8
     # shortest suffix looked up (ngram). 1: a single matching token is enough; on CPU a refused
     # 1-token draft costs little (a verify row, and no LM head past the first refusal), and
     # grounded answers gain (bench/RESULTS.md, 2026-12-02 evening)
     ngram_min: int = 1
     ngram_max: int = 4  # longest suffix looked up, tried first (ngram)
+    # ngram: what one more drafted token costs the verify step, as a fraction of a decode step; a
+    # draft token is kept while the chance that it and all before it are accepted is at least
+    # this (core/spec/draft_length.py). ~0.1 measured on CPU with int4 weights (bench/RESULTS.md,
+    # 2026-12-03); lower where extra query rows are nearly free (a memory-bound GPU step); 0 keeps
+    # every proposed token
+    row_cost: float = 0.1
     draft_model: str | None = None  # draft: a .gguf file or a Hugging Face folder, loaded like model.path
     # draft: its weights' precision, resolved like model.quantization (auto = int4 for a 4-bit GGUF
     # on CPU); it runs in the target's dtype
@@ -46,6 +54,7 @@ class SpeculativeConfig:
             f"must be >= speculative.ngram_min ({self.ngram_min}), got {self.ngram_max}",
         )
         check(self.ngram_max <= 32, "speculative.ngram_max", f"must be <= 32, got {self.ngram_max}")
+        check(0.0 <= self.row_cost < 1.0, "speculative.row_cost", f"must be in [0, 1), got {self.row_cost}")
         check(self.max_batch >= 1, "speculative.max_batch", f"must be >= 1, got {self.max_batch}")
         check(
             self.method != "draft" or bool(self.draft_model),

@@ -1,5 +1,6 @@
-"""Per-request draft length: draft more while drafts are accepted, fewer when they are not, and
-stop speculating for a while when they mostly are not.
+"""Per-request draft length for a drafter that pays per token (a draft model): draft more while
+drafts are accepted, fewer when they are not, and stop speculating for a while when they mostly
+are not.
 
 A verify step costs more than a plain decode step (its extra query rows are real work, which on a
 CPU is most of a step's cost beyond reading the weights once), so a request whose drafts are
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+
+from rillet.core.spec.drafter import Draft
 
 WINDOW = 24  # drafted tokens the acceptance rate is taken over
 MIN_ACCEPTANCE = 0.25  # below this over a full window, the request pauses speculating
@@ -45,6 +48,9 @@ class AdaptiveK:
             self.pause -= 1
             return 0
         return self.k
+
+    def keep(self, draft: Draft) -> int:
+        return len(draft.tokens)  # the drafter already drafted only k
 
     def observe(self, drafted: int, accepted: int) -> None:
         if drafted == 0:

@@ -30,6 +30,7 @@ from rillet.core.runner.model_runner import ModelRunner
 from rillet.core.runner.sampler import Sampler
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import Seq
+from rillet.core.spec.drafter import Draft
 from rillet.core.tokenizer.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ _GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 30, ignore_eos=True)
 class DraftModelDrafter:
     name = "draft"
     wants_hidden = False
+    cheap = False  # each draft token is a step of the draft model
 
     def __init__(self, runner: ModelRunner, blocks: BlockManager, max_len: int) -> None:
         self.runner = runner
@@ -50,7 +52,7 @@ class DraftModelDrafter:
         self._fed: dict[int, tuple[int, list[int]]] = {}
         self.steps = 0  # draft model forwards (for the benchmark)
 
-    def propose(self, seqs: list[Seq], ks: list[int], hidden: Any = None) -> list[list[int]]:
+    def propose(self, seqs: list[Seq], ks: list[int], hidden: Any = None) -> list[Draft]:
         ks = [max(0, min(k, self.max_len - s.num_tokens)) for s, k in zip(seqs, ks, strict=True)]
         shadows = [self._shadow_of(s) for s in seqs]
         drafts: list[list[int]] = [[] for _ in seqs]
@@ -81,7 +83,7 @@ class DraftModelDrafter:
         for seq, draft in zip(seqs, drafts, strict=True):
             if len(draft) > 1:  # step j fed d_{j-1}: d_0 .. d_{-2} have K/V at num_tokens ...
                 self._fed[seq.seq_id] = (seq.num_tokens, draft[:-1])
-        return drafts
+        return [Draft(d) for d in drafts]
 
     def _shadow_of(self, seq: Seq) -> Seq:
         sh = self._shadow.get(seq.seq_id)

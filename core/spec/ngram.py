@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from rillet.core.sequence import Seq
+from rillet.core.spec.drafter import Draft
 
 
 class _Index:
@@ -31,18 +32,20 @@ class _Index:
 class NgramDrafter:
     name = "ngram"
     wants_hidden = False
+    cheap = True
 
     def __init__(self, ngram_min: int, ngram_max: int) -> None:
         self.sizes = range(ngram_min, ngram_max + 1)
         self._index: dict[int, _Index] = {}  # seq_id -> its n-gram index
 
-    def propose(self, seqs: list[Seq], ks: list[int], hidden: Any = None) -> list[list[int]]:
+    def propose(self, seqs: list[Seq], ks: list[int], hidden: Any = None) -> list[Draft]:
         return [self.lookup(seq, k) for seq, k in zip(seqs, ks, strict=True)]
 
-    def lookup(self, seq: Seq, k: int) -> list[int]:
+    def lookup(self, seq: Seq, k: int) -> Draft:
+        """Up to k tokens that followed the longest matching suffix, and that suffix's length."""
         length = seq.num_tokens
         if length < self.sizes.start + 1:
-            return []
+            return Draft([])
         idx = self._index.get(seq.seq_id)
         if idx is None:
             idx = self._index[seq.seq_id] = _Index(self.sizes)
@@ -52,8 +55,8 @@ class NgramDrafter:
                 continue
             after = idx.maps[n].get(tuple(seq.tokens(length - n, length)))
             if after is not None:
-                return seq.tokens(after, min(after + k, length))
-        return []
+                return Draft(seq.tokens(after, min(after + k, length)), n)
+        return Draft([])
 
     def _extend(self, seq: Seq, idx: _Index, length: int) -> None:
         """Indexes the n-grams that some token follows and that are not indexed yet."""

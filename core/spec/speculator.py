@@ -2,8 +2,9 @@
 scheduler plans the step, observe each verified sequence once the step has landed.
 
 A sequence drafts in a step when it is decoding (its last token is the only one without K/V, none
-in flight), the running batch is at most `speculative.max_batch`, and its adaptive k (adaptive.py)
-is not 0. Its draft is cut so that the step can never go past max_tokens or the context limit
+in flight), the running batch is at most `speculative.max_batch`, and its draft length policy
+(draft_length.py: by the matched suffix for the n-gram lookup, adaptive k for a draft model) lets
+it. Its draft is cut so that the step can never go past max_tokens or the context limit
 (k <= tokens it may still produce - 1), after the first token that would end it (EOS unless
 ignore_eos, a stop token id), and at the first token its grammar refuses (structured outputs:
 llguidance checks the draft against the matcher's state without advancing it). The scheduler then
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from rillet.core.config.speculative import SpeculativeConfig
 from rillet.core.sequence import Seq
 from rillet.core.spec.adaptive import AdaptiveK
+from rillet.core.spec.draft_length import ByMatch, DraftLength
 from rillet.core.spec.drafter import Drafter
 
 log = logging.getLogger(__name__)
@@ -43,7 +45,7 @@ class Speculator:
         self.max_model_len = max_model_len
         self.eos = frozenset(eos)
         self.stats = SpecStats()
-        self._adaptive: dict[int, AdaptiveK] = {}  # seq_id -> its draft length
+        self._lengths: dict[int, DraftLength] = {}  # seq_id -> its draft length policy
         self._drafted: list[Seq] = []  # sequences holding a draft from the last propose()
 
     def active(self, num_running: int) -> bool:
@@ -66,8 +68,9 @@ class Speculator:
             return
         drafts = self.drafter.propose(seqs, ks)
         any_draft = False
-        for seq, k, draft in zip(seqs, ks, drafts, strict=True):
-            draft = self._cut(seq, draft[:k])
+        for seq, k, proposal in zip(seqs, ks, drafts, strict=True):
+            keep = self._lengths[seq.seq_id].keep(proposal._replace(tokens=proposal.tokens[:k]))
+            draft = self._cut(seq, proposal.tokens[:keep])
             if draft:
                 seq.draft_ids = draft
                 self._drafted.append(seq)
@@ -79,15 +82,20 @@ class Speculator:
             seq.draft_ids = []
         self._drafted = []
 
+    def _new_length(self) -> DraftLength:
+        if self.drafter.cheap:
+            return ByMatch(self.cfg.num_tokens, self.cfg.row_cost)
+        return AdaptiveK(self.cfg.num_tokens)
+
     def _room(self, seq: Seq) -> int:
         """Tokens seq may draft this step (0: it does not speculate)."""
         out = len(seq.output_ids)
         if seq.num_pending or seq.num_computed != len(seq.prompt_ids) + out - 1 or seq.is_finished:
             return 0  # in prefill, or a token in flight
-        ada = self._adaptive.get(seq.seq_id)
-        if ada is None:
-            ada = self._adaptive[seq.seq_id] = AdaptiveK(self.cfg.num_tokens)
-        k = ada.next_k()
+        length = self._lengths.get(seq.seq_id)
+        if length is None:
+            length = self._lengths[seq.seq_id] = self._new_length()
+        k = length.next_k()
         # the step yields at most k + 1 tokens: never past max_tokens or the context limit
         return min(k, seq.params.max_tokens - out - 1, self.max_model_len - seq.num_tokens - 1)
 
@@ -111,9 +119,9 @@ class Speculator:
         st.drafted += drafted
         st.accepted += accepted
         st.verified += 1
-        ada = self._adaptive.get(seq.seq_id)
-        if ada is not None:
-            ada.observe(drafted, accepted)
+        length = self._lengths.get(seq.seq_id)
+        if length is not None:
+            length.observe(drafted, accepted)
         if not seq.is_finished:
             self.drafter.landed(seq)
 
@@ -121,7 +129,7 @@ class Speculator:
         """seq finished (or was preempted: its drafter state is rebuilt when it runs again)."""
         seq.draft_ids = []
         if seq.is_finished:
-            self._adaptive.pop(seq.seq_id, None)
+            self._lengths.pop(seq.seq_id, None)
         self.drafter.release(seq)
 
     def close(self) -> None:

@@ -56,9 +56,14 @@ def runtime(eos_model: Path) -> Runtime:
     return load_runtime(cfg)
 
 
-def speculator(rt: Runtime, **over: Any) -> Speculator:
+class AdaptiveNgram(NgramDrafter):
+    cheap = False  # its drafts sized as a draft model's: adaptive k (core/spec/adaptive.py)
+
+
+def speculator(rt: Runtime, adaptive: bool = False, **over: Any) -> Speculator:
     cfg = config_from_dict({"speculative": {"method": "ngram", "max_batch": 8, **over}}).speculative
-    return Speculator(cfg, NgramDrafter(cfg.ngram_min, cfg.ngram_max), rt.max_model_len, (EOS,))
+    drafter = (AdaptiveNgram if adaptive else NgramDrafter)(cfg.ngram_min, cfg.ngram_max)
+    return Speculator(cfg, drafter, rt.max_model_len, (EOS,))
 
 
 def same_outputs(a: Run, b: Run, workload: list[Req]) -> None:
@@ -118,7 +123,8 @@ def test_an_abort_while_its_drafts_are_verified_changes_no_other_output(
     """With overlapped steps the front end can abort a request while the step verifying its draft
     is in flight. The abort clears its draft_ids; the landing must still skip all of its rows (the
     bug found 2026-12-02: it skipped one, and every later sequence of the step took its
-    neighbour's token). 1-token n-gram lookups make "aborted" draft at that moment."""
+    neighbour's token). 1-token n-gram lookups sized by adaptive k (4 at most, the policy of the
+    time) make "aborted" draft at that moment."""
     in_flight: list[bool] = []
     real_abort = EngineCore.abort
 
@@ -130,7 +136,12 @@ def test_an_abort_while_its_drafts_are_verified_changes_no_other_output(
     workload = WORKLOAD + GROUNDED
     plain = drive(runtime, overlap=False, workload=workload)
     monkeypatch.setattr(EngineCore, "abort", abort)
-    fast = drive(runtime, overlap=True, workload=workload, spec=speculator(runtime, ngram_min=1))
+    fast = drive(
+        runtime,
+        overlap=True,
+        workload=workload,
+        spec=speculator(runtime, ngram_min=1, num_tokens=4, adaptive=True),
+    )
     assert in_flight == [True]  # the abort came while the step verifying its draft was in flight
     same_outputs(plain, fast, workload)
 

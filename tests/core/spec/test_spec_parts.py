@@ -13,6 +13,8 @@ from rillet.core.engine.scheduler import Scheduler
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import Seq
 from rillet.core.spec.adaptive import MIN_ACCEPTANCE, PAUSE_STEPS, WINDOW, AdaptiveK
+from rillet.core.spec.draft_length import ByMatch
+from rillet.core.spec.drafter import Draft
 from rillet.core.spec.ngram import NgramDrafter
 from rillet.core.spec.speculator import Speculator
 from rillet.core.spec.views import accepted_run, position_views, runs_of
@@ -30,21 +32,21 @@ def seq(prompt: list[int], output: list[int] | None = None, i: int = 0, **params
 def test_ngram_proposes_what_followed_the_latest_match_of_the_longest_suffix() -> None:
     d = NgramDrafter(2, 3)
     s = seq([5, 6, 7, 8, 9, 5, 6, 7, 1, 5, 6])
-    assert d.lookup(s, 3) == [7, 1, 5]  # (5, 6) last seen before position 7 -> 7, 1, 5
+    assert d.lookup(s, 3) == Draft([7, 1, 5], 2)  # (5, 6) last seen before position 7 -> 7, 1, 5
     s.output_ids.append(7)  # suffix (5, 6, 7): latest earlier occurrence is followed by 1
-    assert d.lookup(s, 4) == [1, 5, 6, 7]
+    assert d.lookup(s, 4) == Draft([1, 5, 6, 7], 3)
     s.output_ids.append(3)  # (7, 3) and (6, 7, 3) never occurred
-    assert d.lookup(s, 4) == []
-    assert d.lookup(seq([4], i=1), 4) == []  # too short to have a suffix and a match
-    assert d.lookup(seq([4, 4, 4], i=2), 4) == [4]  # the match may overlap the suffix
+    assert d.lookup(s, 4).tokens == []
+    assert d.lookup(seq([4], i=1), 4).tokens == []  # too short to have a suffix and a match
+    assert d.lookup(seq([4, 4, 4], i=2), 4) == Draft([4], 2)  # the match may overlap the suffix
 
 
 def test_ngram_index_grows_with_the_sequence_and_is_released() -> None:
     d = NgramDrafter(1, 2)
     s = seq([1, 2, 3])
-    assert d.lookup(s, 2) == []
+    assert d.lookup(s, 2).tokens == []
     s.output_ids += [1]
-    assert d.lookup(s, 2) == [2, 3]
+    assert d.lookup(s, 2).tokens == [2, 3]
     d.release(s)
     assert not d._index
 
@@ -73,8 +75,57 @@ def test_adaptive_k_follows_acceptance_and_pauses_when_drafts_are_refused() -> N
 
 
 def speculator(**over: Any) -> Speculator:
-    cfg = config_from_dict({"speculative": {"method": "ngram", "ngram_min": 1, **over}}).speculative
+    # row_cost 0: every proposed token is kept (the draft length has tests of its own)
+    spec = {"method": "ngram", "ngram_min": 1, "row_cost": 0.0, **over}
+    cfg = config_from_dict({"speculative": spec}).speculative
     return Speculator(cfg, NgramDrafter(cfg.ngram_min, cfg.ngram_max), 64, (EOS,))
+
+
+def test_by_match_drafts_what_pays_per_matched_suffix_length() -> None:
+    b = ByMatch(8, 0.1)
+    eight = list(range(8))
+    assert b.keep(Draft(eight, 4)) == 3  # prior q = 1/2: 1/8 >= 0.1 > 1/16
+    for _ in range(6):
+        b.keep(Draft(eight, 4))
+        b.observe(3, 3)  # 4-token matches are always right: q = 19/20, 0.95^8 > 0.1
+    assert b.keep(Draft(eight, 4)) == 8
+    assert b.keep(Draft(eight[:5], 4)) == 5  # never more than proposed
+    kept = []
+    for _ in range(10):  # 1-token matches are always wrong: q = 1 / (refusals + 2)
+        kept.append(b.keep(Draft(eight, 1)))
+        b.observe(kept[-1], 0)
+    assert kept == [3, 2, 1, 1, 1, 1, 1, 1, 1, 0]  # q = 1/11 < 0.1: it stopped drafting
+    assert b.keep(Draft(eight, 4)) == 8  # the other match length is unaffected
+    silent = 0
+    while b.keep(Draft(eight, 1)) == 0:  # each silent match forgets a share of the refusals
+        silent += 1
+        assert silent < 100
+    assert silent > 0
+    assert ByMatch(8, 0.0).keep(Draft(eight, 1)) == 8  # row_cost 0 keeps everything
+    assert b.keep(Draft([], 0)) == 0
+
+
+def test_lookups_are_cut_by_match_and_model_drafts_by_adaptive_k() -> None:
+    loop = [7, 8, 9] * 6
+    spec = speculator(row_cost=0.1, num_tokens=8)
+    s = seq(loop, [7])
+    spec.propose([s])
+    assert s.draft_ids == [8, 9, 7]  # a fresh request keeps 3 of the lookup's 8 (q = 1/2)
+
+    class Model(NgramDrafter):
+        cheap = False  # as a draft model: told k up front, its proposal kept whole
+
+        def propose(self, seqs: list[Seq], ks: list[int], hidden: Any = None) -> list[Draft]:
+            return [Draft([1] * k) for k in ks]
+
+    cfg = config_from_dict({"speculative": {"method": "ngram", "num_tokens": 5}}).speculative
+    model = Speculator(cfg, Model(1, 2), 64, (EOS,))
+    t = seq(loop, [7], i=1)
+    model.propose([t])
+    assert t.draft_ids == [1] * 5
+    model.observe(t, 5, 1)
+    model.propose([t])
+    assert t.draft_ids == [1] * 2  # adaptive k: the accepted run + 1
 
 
 def test_drafts_stop_at_max_tokens_the_context_limit_and_a_stop_token() -> None:
@@ -185,6 +236,8 @@ def test_truncate_gives_back_the_blocks_past_the_accepted_end() -> None:
         ({"ngram_min": 0}, "speculative.ngram_min"),
         ({"ngram_min": 3, "ngram_max": 2}, "speculative.ngram_max"),
         ({"max_batch": 0}, "speculative.max_batch"),
+        ({"row_cost": 1.0}, "speculative.row_cost"),
+        ({"row_cost": -0.1}, "speculative.row_cost"),
         ({"method": "draft"}, "speculative.draft_model"),
     ],
 )

@@ -1,0 +1,73 @@
+"""How many of a proposal's tokens a request drafts: the policies behind one interface.
+
+A verify step pays for every drafted token (a query row of the forward; on CPU ~10 % of a decode
+step each, the int4 kernels being compute-bound past one row) and gains a token only for each
+accepted one. Per request the speculator asks its policy for the most tokens it may draft
+(`next_k`, before proposing), lets it cut the proposal (`keep`), and reports how the verify went
+(`observe`). Two policies:
+
+  - `AdaptiveK` (adaptive.py), for drafters that pay per token (a draft model): k is decided
+    before proposing, from how the request's last drafts went.
+  - `ByMatch` here, for a lookup (the n-gram drafter), which proposes up to `num_tokens` for free:
+    per length of the matched suffix, the request estimates q, the chance that a drafted token is
+    accepted given that the ones before it were (a Beta(1, 1) prior: q = (accepted + 1) /
+    (accepted + refused + 2), counting each verify's refusal once, since nothing after it is
+    seen). The j-th token is kept while q^j, the chance that it is reached and accepted, is at
+    least `row_cost` (a verified row's cost as a fraction of a decode step): longer matches earn
+    longer drafts, a match length whose drafts are refused stops drafting. A match length that
+    no longer drafts forgets SKIP_DECAY of its counts each time it matches, so a request tries
+    it again after a while (its text may have turned into a quote).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from rillet.core.spec.drafter import Draft
+
+SKIP_DECAY = 0.9  # share of a silent match length's counts kept each time it matches
+
+
+class DraftLength(Protocol):
+    def next_k(self) -> int:
+        """The most tokens to draft this step (0: not speculating this step)."""
+        ...
+
+    def keep(self, draft: Draft) -> int:
+        """How many of the proposal's tokens to draft."""
+        ...
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """The last kept draft of `drafted` tokens was verified: its first `accepted` were kept."""
+        ...
+
+
+class ByMatch:
+    __slots__ = ("_match", "k_max", "row_cost", "stats")
+
+    def __init__(self, k_max: int, row_cost: float) -> None:
+        self.k_max = k_max
+        self.row_cost = row_cost
+        self.stats: dict[int, tuple[float, float]] = {}  # match length -> (accepted, refused)
+        self._match = 0  # the match length of the last kept draft
+
+    def next_k(self) -> int:
+        return self.k_max
+
+    def keep(self, draft: Draft) -> int:
+        accepted, refused = self.stats.get(draft.match, (0.0, 0.0))
+        q = (accepted + 1.0) / (accepted + refused + 2.0)
+        k, reach = 0, q
+        while k < len(draft.tokens) and reach >= self.row_cost:
+            k += 1
+            reach *= q
+        if k == 0 and draft.tokens:
+            self.stats[draft.match] = (accepted * SKIP_DECAY, refused * SKIP_DECAY)
+        self._match = draft.match
+        return k
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        a, r = self.stats.get(self._match, (0.0, 0.0))
+        self.stats[self._match] = (a + accepted, r + (accepted < drafted))
