@@ -62,6 +62,11 @@ def thread_user_cpu(pid: int | None, task: int) -> float | None:
     return int(fields[11]) / os.sysconf("SC_CLK_TCK")
 
 
+def parse_cpus(spec: str) -> set[int]:
+    """A --server-cpus / --client-cpus value ("0" or "0,1") -> the cores."""
+    return {int(c) for c in spec.split(",")}
+
+
 def peak_rss_mib() -> float:
     """Peak resident set size of this process (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

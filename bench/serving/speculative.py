@@ -18,6 +18,8 @@ the same tokens.
     .venv/bin/python -m bench.serving.speculative --modes off ngram --max-tokens 8 --runs 1 \\
         --concurrency 1                                                 # a smoke run
     .venv/bin/python -m bench.serving.speculative --external llama.cpp=http://127.0.0.1:8080/v1
+    .venv/bin/python -m bench.serving.speculative --modes off ngram --server-cpus 0 --client-cpus 1 \
+        --set model.num_threads=1                                       # server and client apart
 
 `--external NAME=URL` adds an already running OpenAI-compatible server (e.g. llama.cpp's with its
 own prompt-lookup or draft speculation, bench/README.md) as one more mode, measured the same way.
@@ -26,6 +28,7 @@ own prompt-lookup or draft speculation, bench/README.md) as one more mode, measu
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -35,7 +38,7 @@ from typing import Any
 
 import openai
 
-from bench.lib.common import peak_rss_mib, table, write_json
+from bench.lib.common import parse_cpus, peak_rss_mib, table, write_json
 from bench.lib.server_proc import RilletServer
 
 PARAGRAPH = (
@@ -210,8 +213,13 @@ def main() -> None:
         "--set", dest="sets", action="append", default=[], help="override for every started server"
     )
     ap.add_argument("--external", action="append", default=[], help="NAME=URL of a running server (…/v1)")
+    ap.add_argument("--server-cpus", help="pin every started server to these cores (e.g. 0)")
+    ap.add_argument("--client-cpus", help="pin this client to these cores (e.g. 1)")
     ap.add_argument("--out", default="bench/out/speculative.json")
     args = ap.parse_args()
+    if args.client_cpus:
+        os.sched_setaffinity(0, parse_cpus(args.client_cpus))
+    server_cpus = parse_cpus(args.server_cpus) if args.server_cpus else None
     from rillet.core.loaders.default_model import default_model_path
 
     table_of = modes(str(default_model_path()))
@@ -224,7 +232,8 @@ def main() -> None:
     for name in args.modes:
         overrides, _ = table_of[name]
         print(f"starting rillet serve ({name}) ...", file=sys.stderr)
-        with RilletServer(args.sets + overrides, log_path=f"bench/out/speculative-{name}.log") as srv:
+        log_path = f"bench/out/speculative-{name}.log"
+        with RilletServer(args.sets + overrides, log_path=log_path, cpus=server_cpus) as srv:
             rows += measure_mode(name, srv.base_url, args)
             rss[name] = srv.peak_rss_mib()
     for spec in args.external:

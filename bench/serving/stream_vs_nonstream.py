@@ -41,7 +41,7 @@ from typing import Any
 
 import openai
 
-from bench.lib.common import process_cpu, table, thread_user_cpu, write_json
+from bench.lib.common import parse_cpus, process_cpu, table, thread_user_cpu, write_json
 from bench.lib.raw_client import RawClient
 from bench.lib.server_proc import RilletServer
 
@@ -370,10 +370,6 @@ def run_levels(base_url: str, args: argparse.Namespace, server_pid: int | None) 
     return rows
 
 
-def _cpus(spec: str) -> set[int]:
-    return {int(c) for c in spec.split(",")}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-url", help="an already running server (…/v1); default: start `rillet serve`")
@@ -412,7 +408,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.client_cpus:
-        os.sched_setaffinity(0, _cpus(args.client_cpus))
+        os.sched_setaffinity(0, parse_cpus(args.client_cpus))
     if args.out is None:
         suffix = "" if args.api == "chat" else f"_{args.api}"
         args.out = f"bench/out/stream_vs_nonstream{suffix}.json"
@@ -422,7 +418,7 @@ def main() -> None:
         base_url = args.base_url
         if base_url is None:
             print("starting rillet serve ...", file=sys.stderr)
-            cpus = _cpus(args.server_cpus) if args.server_cpus else None
+            cpus = parse_cpus(args.server_cpus) if args.server_cpus else None
             server = stack.enter_context(RilletServer(args.sets, cpus=cpus, python=args.server_python))
             base_url = server.base_url
         pid = server.proc.pid if server and server.proc else None
