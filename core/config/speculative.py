@@ -26,10 +26,10 @@ class SpeculativeConfig:
     ngram_max: int = 4  # longest suffix looked up, tried first (ngram)
     # ngram: what one more drafted token costs the verify step, as a fraction of a decode step; a
     # draft token is kept while the chance that it and all before it are accepted is at least
-    # this (core/spec/draft_length.py). ~0.1 measured on CPU with int4 weights (bench/RESULTS.md,
-    # 2026-12-03); lower where extra query rows are nearly free (a memory-bound GPU step); 0 keeps
-    # every proposed token
-    row_cost: float = 0.1
+    # this (core/spec/draft_length.py); 0 keeps every proposed token. None: by device, 0.1 on CPU
+    # (measured with int4 weights, bench/RESULTS.md 2026-12-03), 0.02 on CUDA (not measured: a
+    # memory-bound step's extra query rows cost little)
+    row_cost: float | None = None
     draft_model: str | None = None  # draft: a .gguf file or a Hugging Face folder, loaded like model.path
     # draft: its weights' precision, resolved like model.quantization (auto = int4 for a 4-bit GGUF
     # on CPU); it runs in the target's dtype
@@ -54,7 +54,11 @@ class SpeculativeConfig:
             f"must be >= speculative.ngram_min ({self.ngram_min}), got {self.ngram_max}",
         )
         check(self.ngram_max <= 32, "speculative.ngram_max", f"must be <= 32, got {self.ngram_max}")
-        check(0.0 <= self.row_cost < 1.0, "speculative.row_cost", f"must be in [0, 1), got {self.row_cost}")
+        check(
+            self.row_cost is None or 0.0 <= self.row_cost < 1.0,
+            "speculative.row_cost",
+            f"must be in [0, 1) or null, got {self.row_cost}",
+        )
         check(self.max_batch >= 1, "speculative.max_batch", f"must be >= 1, got {self.max_batch}")
         check(
             self.method != "draft" or bool(self.draft_model),

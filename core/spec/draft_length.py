@@ -26,6 +26,17 @@ from typing import Protocol
 from rillet.core.spec.drafter import Draft
 
 SKIP_DECAY = 0.9  # share of a silent match length's counts kept each time it matches
+# speculative.row_cost by device when not set. CPU, int4 weights, measured (bench/RESULTS.md,
+# 2026-12-03): a verify step costs ~0.09 of a decode step more, plus ~0.06 per drafted token.
+# CUDA: not measured; a decode step there is memory-bound, so extra query rows cost little
+CPU_ROW_COST = 0.1
+CUDA_ROW_COST = 0.02
+
+
+def resolve_row_cost(configured: float | None, device_type: str) -> float:
+    if configured is not None:
+        return configured
+    return CUDA_ROW_COST if device_type == "cuda" else CPU_ROW_COST
 
 
 class DraftLength(Protocol):

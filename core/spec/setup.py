@@ -53,4 +53,4 @@ def build_speculator(
         sc.num_tokens,
         sc.max_batch,
     )
-    return Speculator(sc, drafter, max_model_len, eos)
+    return Speculator(sc, drafter, max_model_len, eos, device.type)

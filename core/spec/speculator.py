@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from rillet.core.config.speculative import SpeculativeConfig
 from rillet.core.sequence import Seq
 from rillet.core.spec.adaptive import AdaptiveK
-from rillet.core.spec.draft_length import ByMatch, DraftLength
+from rillet.core.spec.draft_length import ByMatch, DraftLength, resolve_row_cost
 from rillet.core.spec.drafter import Drafter
 
 log = logging.getLogger(__name__)
@@ -38,9 +38,15 @@ class SpecStats:
 
 class Speculator:
     def __init__(
-        self, cfg: SpeculativeConfig, drafter: Drafter, max_model_len: int, eos: tuple[int, ...]
+        self,
+        cfg: SpeculativeConfig,
+        drafter: Drafter,
+        max_model_len: int,
+        eos: tuple[int, ...],
+        device_type: str = "cpu",
     ) -> None:
         self.cfg = cfg
+        self.device_type = device_type  # sets the default row_cost (draft_length.py)
         self.drafter = drafter
         self.max_model_len = max_model_len
         self.eos = frozenset(eos)
@@ -84,7 +90,7 @@ class Speculator:
 
     def _new_length(self) -> DraftLength:
         if self.drafter.cheap:
-            return ByMatch(self.cfg.num_tokens, self.cfg.row_cost)
+            return ByMatch(self.cfg.num_tokens, resolve_row_cost(self.cfg.row_cost, self.device_type))
         return AdaptiveK(self.cfg.num_tokens)
 
     def _room(self, seq: Seq) -> int:

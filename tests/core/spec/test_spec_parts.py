@@ -13,7 +13,7 @@ from rillet.core.engine.scheduler import Scheduler
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import Seq
 from rillet.core.spec.adaptive import MIN_ACCEPTANCE, PAUSE_STEPS, WINDOW, AdaptiveK
-from rillet.core.spec.draft_length import ByMatch
+from rillet.core.spec.draft_length import CPU_ROW_COST, CUDA_ROW_COST, ByMatch, resolve_row_cost
 from rillet.core.spec.drafter import Draft
 from rillet.core.spec.ngram import NgramDrafter
 from rillet.core.spec.speculator import Speculator
@@ -103,6 +103,12 @@ def test_by_match_drafts_what_pays_per_matched_suffix_length() -> None:
     assert silent > 0
     assert ByMatch(8, 0.0).keep(Draft(eight, 1)) == 8  # row_cost 0 keeps everything
     assert b.keep(Draft([], 0)) == 0
+
+
+def test_row_cost_defaults_by_device_unless_set() -> None:
+    assert resolve_row_cost(None, "cpu") == CPU_ROW_COST > resolve_row_cost(None, "cuda") == CUDA_ROW_COST
+    assert resolve_row_cost(0.3, "cuda") == 0.3 and resolve_row_cost(0.0, "cpu") == 0.0
+    assert config_from_dict({}).speculative.row_cost is None
 
 
 def test_lookups_are_cut_by_match_and_model_drafts_by_adaptive_k() -> None:
