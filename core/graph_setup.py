@@ -60,7 +60,7 @@ def graph_runner(
         max_num_seqs=cfg.scheduler.max_num_seqs,
         max_blocks_per_seq=max_blocks_per_seq,
         device=device,
-        verify_queries=verify_queries(cfg, model),
+        verify_queries=verify_queries(cfg, model, mode),
         verify_max_rows=cfg.speculative.max_batch,
         plan=plan,
     )
@@ -91,18 +91,22 @@ def artifact_plan(cfg: RilletConfig, model: DecoderModel, in_process: bool = Fal
     return AotPlan(store, CompileProcess(cfg, torch.get_num_threads(), store.root / "build.log"))
 
 
-def verify_queries(cfg: RilletConfig, model: DecoderModel) -> int:
-    """Q of the speculative verify step's graph (graphs/verify.py): 1 + speculative.num_tokens
-    queries a row, for up to speculative.max_batch rows. 0 (no verify graph) when speculation is
-    off, under tensor parallelism (the ranks verify in the flat layout, eager), or for a backend
-    without a verify step."""
+def verify_queries(cfg: RilletConfig, model: DecoderModel, mode: str = "compiled") -> int:
+    """Q of the multi-query step's graph (graphs/verify.py): 1 + speculative.num_tokens queries a
+    row for speculative verify steps, for up to speculative.max_batch rows; on the compiled CPU
+    step at least graphs.short_prefill (short prefill steps run through it too: model_runner.py).
+    0 (no such graph) under tensor parallelism (the ranks run the flat layout, eager), for a
+    backend without a verify step, or when neither uses it."""
     sc = cfg.speculative
     backend = model.backend
-    if not sc.enabled or cfg.parallel.tensor_parallel_size > 1:
+    if cfg.parallel.tensor_parallel_size > 1:
         return 0
     if not backend.graph_safe_decode and not hasattr(backend, "begin_verify"):
         return 0
-    return 1 + sc.num_tokens
+    spec = 1 + sc.num_tokens if sc.enabled else 0
+    # not with LoRA buffers: the multi-query step does not read them
+    short = cfg.graphs.short_prefill if mode == "compiled" and model.lora is None else 0
+    return max(spec, short)
 
 
 def decode_mode(cfg: RilletConfig, model: DecoderModel, device: torch.device) -> tuple[str, str]:

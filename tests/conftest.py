@@ -195,6 +195,34 @@ def _artifacts_switch() -> Iterator[dict[str, bool]]:
         yield switch
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _short_prefill_switch() -> Iterator[dict[str, bool]]:
+    """`graphs.short_prefill` (on by default) builds the compiled multi-query step beside the decode
+    step even with speculation off: two more compiles per compiled engine. Only tests marked
+    `short_prefill` get it built for that alone; an engine that speculates builds it anyway (and
+    its short prefill steps run through it)."""
+    from rillet.core import graph_setup
+
+    switch = {"on": False}
+    real = graph_setup.verify_queries
+
+    def verify_queries(cfg: Any, model: Any, mode: str = "compiled") -> int:
+        return real(cfg, model, mode) if switch["on"] or cfg.speculative.enabled else 0
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(graph_setup, "verify_queries", verify_queries)
+        yield switch
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _short_prefill_in_marked_modules(
+    request: pytest.FixtureRequest, _short_prefill_switch: dict[str, bool]
+) -> Iterator[None]:
+    _short_prefill_switch["on"] = request.node.get_closest_marker("short_prefill") is not None
+    yield
+    _short_prefill_switch["on"] = False
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _artifacts_in_marked_modules(
     request: pytest.FixtureRequest, _artifacts_switch: dict[str, bool]

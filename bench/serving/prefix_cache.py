@@ -1,10 +1,13 @@
 """Prefix caching on this machine: TTFT of a request whose first 1,000 tokens were seen before vs a
 cold request of the same length, and a multi-turn chat workload with caching on vs off.
 
-    .venv/bin/python bench/prefix_cache.py [--prefix 1000] [--conversations 4] [--turns 4]
+    .venv/bin/python -m bench.serving.prefix_cache [--prefix 1000] [--conversations 4] [--turns 4]
+    .venv/bin/python -m bench.serving.prefix_cache --short-prefill 0 32 --turns 0   # TTFT only
 
 TTFT here is the offline time from submission to the first sampled token (max_tokens=1): prefill
-plus one step, with no HTTP in between. Prints a table last, writes JSON.
+plus one step, with no HTTP in between, once the compiled steps are in use. A warm request's
+uncached tail (~15 tokens) is a short prefill step: `--short-prefill` measures TTFT at each given
+`graphs.short_prefill` (0: the tail prefilled eager). Prints a table last, writes JSON.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from rillet.core.config import config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.sampling_params import SamplingParams
 
-from bench.lib.common import peak_rss_mib, table, write_json
+from bench.lib.common import decode_path, peak_rss_mib, table, write_json
 
 WORDS = [
     "river",
@@ -47,11 +50,15 @@ def ttft(llm: LLM, ids: list[int]) -> float:
     return time.perf_counter() - t0
 
 
-def bench_ttft(prefix_len: int, repeats: int) -> dict[str, Any]:
-    cfg = config_from_dict({"cache": {"num_blocks": 1024}, "scheduler": {"max_num_batched_tokens": 4096}})
+def bench_ttft(prefix_len: int, repeats: int, short_prefill: int | None = None) -> dict[str, Any]:
+    raw: dict[str, Any] = {"cache": {"num_blocks": 1024}, "scheduler": {"max_num_batched_tokens": 4096}}
+    if short_prefill is not None:
+        raw["graphs"] = {"short_prefill": short_prefill}
+    cfg = config_from_dict(raw)
     rng = random.Random(0)
     cold, warm = [], []
     with LLM(cfg) as llm:
+        path = decode_path(llm)
         tok = llm.tokenizer
         ttft(llm, tok.encode(text(rng, 50)))  # warm-up
         for _ in range(repeats):
@@ -59,7 +66,14 @@ def bench_ttft(prefix_len: int, repeats: int) -> dict[str, Any]:
             cold.append(ttft(llm, prefix + tok.encode(" question one: " + text(rng, 8))))
             warm.append(ttft(llm, prefix + tok.encode(" question two: " + text(rng, 8))))
     c, w = statistics.median(cold), statistics.median(warm)
-    return {"prefix_tokens": prefix_len, "cold_ttft_ms": c * 1000, "warm_ttft_ms": w * 1000, "speedup": c / w}
+    return {
+        "short_prefill": cfg.graphs.short_prefill,
+        "decode_path": path,
+        "prefix_tokens": prefix_len,
+        "cold_ttft_ms": c * 1000,
+        "warm_ttft_ms": w * 1000,
+        "speedup": c / w,
+    }
 
 
 def bench_chat(caching: bool, conversations: int, turns: int, max_tokens: int) -> dict[str, Any]:
@@ -97,18 +111,20 @@ def main() -> None:
     ap.add_argument("--prefix", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--conversations", type=int, default=4)
-    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=4, help="chat turns (0: no chat workload)")
+    ap.add_argument("--short-prefill", type=int, nargs="*", default=None, help="graphs.short_prefill values")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--out", default="bench/out/prefix_cache.json")
     a = ap.parse_args()
-    t = bench_ttft(a.prefix, a.repeats)
-    chats = [bench_chat(c, a.conversations, a.turns, a.max_tokens) for c in (False, True)]
+    ts = [bench_ttft(a.prefix, a.repeats, v) for v in (a.short_prefill or [None])]
+    chats = [bench_chat(c, a.conversations, a.turns, a.max_tokens) for c in (False, True)] if a.turns else []
     rss = peak_rss_mib()
-    write_json(a.out, {"ttft": t, "chat": chats, "peak_rss_mib": rss})
+    write_json(a.out, {"ttft": ts, "chat": chats, "peak_rss_mib": rss})
     print(f"peak RSS {rss:.0f} MiB")
-    print(table([t], ["prefix_tokens", "cold_ttft_ms", "warm_ttft_ms", "speedup"]))
-    print()
-    print(table(chats, ["prefix_caching", "wall_s", "requests_per_s", "gen_tok_s", "hit_rate"]))
+    print(table(ts, ["short_prefill", "decode_path", "prefix_tokens", "cold_ttft_ms", "warm_ttft_ms", "speedup"]))
+    if chats:
+        print()
+        print(table(chats, ["prefix_caching", "wall_s", "requests_per_s", "gen_tok_s", "hit_rate"]))
 
 
 if __name__ == "__main__":

@@ -55,6 +55,9 @@ class EngineConfig:
             check(getattr(self, key) in ("auto", "on", "off"), f"engine.{key}", "must be auto, on or off")
 
 
+MAX_SHORT_PREFILL = 256  # the compiled step's attention scores grow with Q x context
+
+
 @dataclass(frozen=True)
 class GraphConfig:
     # decode step as a graph: CUDA graphs on CUDA, the torch.compile'd step on CPU (auto: if faster)
@@ -66,9 +69,19 @@ class GraphConfig:
     # CPU: the compiled step saved as an AOTInductor package under model.cache_dir/compiled and
     # loaded by the next start (graphs/aot/); off: torch.compile at every start
     artifacts: Literal["on", "off"] = "on"
+    # CPU, compiled step: a prefill step whose rows each feed at most this many tokens (a prompt's
+    # tail after a prefix-cache hit, a short prompt) runs through the compiled multi-query step
+    # (the speculative verify step's graph, built for this even with speculation off), not eager;
+    # 0: prefill is always eager
+    short_prefill: int = 32
 
     def __post_init__(self) -> None:
         check(all(b >= 1 for b in self.buckets), "graphs.buckets", "every bucket must be >= 1")
+        check(
+            self.short_prefill == 0 or 2 <= self.short_prefill <= MAX_SHORT_PREFILL,
+            "graphs.short_prefill",
+            f"must be 0 (off) or in 2..{MAX_SHORT_PREFILL}, got {self.short_prefill}",
+        )
         check(len(set(self.buckets)) == len(self.buckets), "graphs.buckets", "must not repeat")
 
 

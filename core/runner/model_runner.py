@@ -91,14 +91,14 @@ class ModelRunner:
             mask = self.masks.begin(rows)
         if self.publish_inputs is not None:
             self.publish_inputs(inp)
-        sampled = self._verify_hidden(inp) if inp.verify_only and self.publish_inputs is None else None
         pooled_seqs: list[Seq] = []
         pooled: Pooled | None = None
-        if sampled is None:  # the flat layout: [T, H], every token of the step
+        hidden = self._multi_query_hidden(inp) if self.publish_inputs is None else None
+        if hidden is None:  # the flat layout: [T, H], every token of the step
             hidden = self._hidden(inp)
             if inp.pool:
                 pooled_seqs, pooled = self._pool(hidden, inp)
-            sampled = _sample_rows(hidden, inp)
+        sampled = _sample_rows(hidden, inp)
         if not rows:  # prefill chunks that sample nothing yet, embeddings
             empty = HostSample(torch.empty(0, dtype=torch.int64), None, 0, None)
             return _Launched(pooled_seqs, empty, pooled)
@@ -157,16 +157,23 @@ class ModelRunner:
         for slot, adapter in batch.lora_writes:
             stack.write(slot, adapter)
 
-    def _verify_hidden(self, inp: StepInputs) -> torch.Tensor | None:
-        """A verify-only step in the padded [rows, Q] layout (core/spec/verify_layout.py): through
-        the verify graph when one takes it, else eager over the graph-safe verify attention (one
-        batched attention instead of one per row). None: the flat layout's eager path runs it
-        (no graph-safe backend, or under tensor parallelism, whose ranks run the flat layout)."""
+    def _multi_query_hidden(self, inp: StepInputs) -> torch.Tensor | None:
+        """[T, H] of a step run in the padded [rows, Q] layout (core/spec/verify_layout.py): a
+        verify-only step through the multi-query graph when one takes it, else eager over the
+        graph-safe verify attention (one batched attention instead of one per row); a short prefill
+        step through the graph only (eager, the flat layout serves it as well). None: the flat
+        layout runs the step (no graph-safe backend, embeddings, or a row longer than Q)."""
         gr = self.graph_runner
-        graph = gr is not None and gr.verify_queries > 0 and gr.takes_verify(inp.meta.num_seqs)
-        if not graph and not self.model.backend.graph_safe_decode:
+        m = inp.meta
+        graph = gr is not None and gr.verify_queries > 0 and gr.takes_verify(m.num_seqs)
+        longest = max(m.query_lens_cpu) if m.query_lens_cpu else 0
+        if inp.verify_only:
+            if not graph and not self.model.backend.graph_safe_decode:
+                return None
+        elif not (graph and gr is not None and gr.takes_short_prefill(longest, m.is_decode_only)):
             return None
-        longest = max(inp.meta.query_lens_cpu)
+        if inp.pool or inp.lora_slots is not None:
+            return None
         q = gr.verify_queries_for(longest) if graph and gr is not None else longest
         laid = padded_verify_batch(inp, q)
         if laid is None:
@@ -179,7 +186,7 @@ class ModelRunner:
             hidden = self.model(
                 batch.input_ids.reshape(-1), batch.positions.reshape(-1), self.kv_caches, meta
             )
-        return hidden.index_select(0, rows)  # every token of a verify-only step samples, in order
+        return hidden.index_select(0, rows)  # the flat layout's tokens, in order
 
     def release(self, seq: Seq) -> None:
         self.sampler.release(seq.seq_id)
