@@ -73,7 +73,7 @@ class GraphConfig:
     # tail after a prefix-cache hit, a short prompt) runs through the compiled multi-query step
     # (the speculative verify step's graph, built for this even with speculation off), not eager;
     # 0: prefill is always eager
-    short_prefill: int = 32
+    short_prefill: int = 128
 
     def __post_init__(self) -> None:
         check(all(b >= 1 for b in self.buckets), "graphs.buckets", "every bucket must be >= 1")

@@ -1,6 +1,7 @@
 """The graph-safe verify attention (attention/paged_verify.py) against plain SDPA over each row's
 full K/V: several query tokens per row, causal among themselves, rows padded to Q with their
-padding queries writing only to the dummy slot; eager (matmul) and the form Inductor compiles."""
+padding queries writing only to the dummy slot; eager (matmul) and the two forms Inductor compiles
+(SDPA over the gathered contexts; the reductions, for soft-capped scores)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from test_attention_torch import BS, HKV, HQ, NUM_BLOCKS, SCALE, D, reference
 def run(
     rows: list[tuple[int, int]],
     nq: int,
-    fused: bool,
+    form: str,
     seed: int = 0,
     window: int | None = None,
     softcap: float | None = None,
@@ -56,8 +57,9 @@ def run(
     before = k_cache.clone()
     # eager: the matmul form
     out = paged_verify_attention(q, k, v, k_cache, v_cache, meta, SCALE, window=window, softcap=softcap)
-    if fused:  # the reductions torch.compile traces (same cache, already written)
-        out = paged_verify._attend_fused(q, k_cache, v_cache, meta, SCALE, window, softcap)
+    if form != "matmul":  # a form torch.compile traces (same cache, already written)
+        attend = paged_verify._attend_fused if form == "fused" else paged_verify._attend_sdpa
+        out = attend(q, k_cache, v_cache, meta, SCALE, window, softcap)
     for r, (_, new) in enumerate(rows):
         torch.testing.assert_close(out[r * nq : r * nq + new], want[r], rtol=1e-5, atol=1e-5)
         assert torch.isfinite(out[r * nq : (r + 1) * nq]).all()  # padding queries too
@@ -67,19 +69,31 @@ def run(
     assert set(changed) <= real | set(range(BS))
 
 
-@pytest.mark.parametrize("fused", [False, True])
+FORMS = ["matmul", "fused", "sdpa"]
+
+
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize(
     ("rows", "nq"),
     [([(5, 3)], 3), ([(7, 5), (0, 1), (12, 2), (3, 4)], 5), ([(1, 1), (9, 1)], 2), ([(16, 9)], 9)],
 )
-def test_verify_attention_matches_sdpa(rows: list[tuple[int, int]], nq: int, fused: bool) -> None:
-    run(rows, nq, fused)
+def test_verify_attention_matches_sdpa(rows: list[tuple[int, int]], nq: int, form: str) -> None:
+    run(rows, nq, form)
 
 
-@pytest.mark.parametrize("fused", [False, True])
-def test_verify_attention_keeps_sliding_windows_and_soft_caps(fused: bool) -> None:
-    """Gemma-style layers: each verify query sees its own last `window` positions, scores capped."""
+@pytest.mark.parametrize("form", FORMS)
+def test_verify_attention_keeps_sliding_windows_and_soft_caps(form: str) -> None:
+    """Gemma-style layers: each verify query sees its own last `window` positions, scores capped
+    (not by SDPA, which has no cap: the compiled step takes the reductions then)."""
     rows = [(20, 4), (3, 2), (9, 5)]
-    run(rows, 5, fused, seed=3, window=6)
-    run(rows, 5, fused, seed=4, softcap=2.0)
-    run(rows, 5, fused, seed=5, window=4, softcap=1.5)
+    run(rows, 5, form, seed=3, window=6)
+    if form != "sdpa":
+        run(rows, 5, form, seed=4, softcap=2.0)
+        run(rows, 5, form, seed=5, window=4, softcap=1.5)
+
+
+def test_short_prefill_rows_with_long_contexts() -> None:
+    """A prefill tail as a multi-query row: many queries over a long cached context, beside a
+    verify row and a fresh prompt (graphs.short_prefill)."""
+    for form in FORMS:
+        run([(44, 12), (20, 3), (0, 9)], 12, form, seed=7)
