@@ -121,7 +121,8 @@ def main() -> None:
     rss = peak_rss_mib()
     write_json(a.out, {"ttft": ts, "chat": chats, "peak_rss_mib": rss})
     print(f"peak RSS {rss:.0f} MiB")
-    print(table(ts, ["short_prefill", "decode_path", "prefix_tokens", "cold_ttft_ms", "warm_ttft_ms", "speedup"]))
+    cols = ["short_prefill", "decode_path", "prefix_tokens", "cold_ttft_ms", "warm_ttft_ms", "speedup"]
+    print(table(ts, cols))
     if chats:
         print()
         print(table(chats, ["prefix_caching", "wall_s", "requests_per_s", "gen_tok_s", "hit_rate"]))

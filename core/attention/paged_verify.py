@@ -133,7 +133,7 @@ def _attend_sdpa(
     row of the mask is empty."""
     b, w = meta.block_tables.shape
     nq = meta.slot_mapping.shape[1]
-    bs, hkv, d = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    bs, d = k_cache.shape[1], k_cache.shape[3]
     ks, vs = scales if scales is not None else (None, None)
     kc = gather(k_cache, ks, meta.block_tables, q.dtype).transpose(1, 2)  # [B, Hkv, S, D]
     vc = gather(v_cache, vs, meta.block_tables, q.dtype).transpose(1, 2)
