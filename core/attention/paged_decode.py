@@ -10,6 +10,8 @@ dummy block 0 (slot 0, context length 1) and is masked by its length like any ot
 past a row's context are masked the same way, so W may be any width that covers the longest
 context in the step (the full `max_blocks_per_seq` for a CUDA graph, trimmed on CPU).
 
+Compiled, the attention is torch's SDPA over the gathered contexts, or (soft-capped scores, which
+SDPA cannot cap) two reductions Inductor fuses the block gather into; eager, batched matmuls.
 Per-layer options are Python constants of the traced code: a sliding `window` adds
 `position >= seq_len - window` to the mask, `softcap` caps the scores (cap * tanh(s / cap)) before
 it. Neither branches on a tensor's value. An int8 pool's `scales` are read beside the codes and
@@ -54,7 +56,10 @@ def paged_decode_attention(
     write_decode_kv(k, v, k_cache, v_cache, meta.slot_mapping, scales)
     if rotated(scales):  # an int8 pool holds K/V rotated: attend in its space (kv_cache.py)
         q = rotate(q)
-    attend = _attend_fused if torch.compiler.is_compiling() else _attend_matmul
+    if torch.compiler.is_compiling():
+        attend = _attend_fused if softcap is not None else _attend_sdpa
+    else:
+        attend = _attend_matmul
     o = attend(q, k_cache, v_cache, meta, scale, window, softcap, scales)
     return rotate(o) if rotated(scales) else o
 
@@ -125,4 +130,32 @@ def _attend_matmul(
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     p = torch.softmax(scores, dim=-1).to(q.dtype)
     o = torch.einsum("bhgs,bshd->bhgd", p, vc)  # [B, Hkv, G, D]
+    return o.reshape(b, q.shape[1], d)
+
+
+def _attend_sdpa(
+    q: torch.Tensor,  # [B, Hq, D]
+    k_cache: torch.Tensor,  # [N, bs, Hkv, D]
+    v_cache: torch.Tensor,
+    meta: DecodeMetadata,
+    scale: float,
+    window: int | None,
+    softcap: float | None,
+    scales: Scales | None = None,
+) -> torch.Tensor:  # [B, Hq, D]
+    """Compiled: the gathered contexts through torch's fused attention, the valid keys as a mask
+    (a row always has one: seq_lens >= 1). Faster than the reductions below once contexts grow
+    (the default model's step at 1,024 / 2,048 cached tokens 21.4 / 34.9 -> 17.1 / 27.2 ms), and
+    the same kernel as the compiled verify step's (paged_verify.py), so a verify row and a decode
+    step round alike."""
+    b, w = meta.block_tables.shape
+    d = k_cache.shape[3]
+    s = w * k_cache.shape[1]
+    ks, vs = scales if scales is not None else (None, None)
+    kc = gather(k_cache, ks, meta.block_tables, q.dtype).transpose(1, 2)  # [B, Hkv, S, D]
+    vc = gather(v_cache, vs, meta.block_tables, q.dtype).transpose(1, 2)
+    valid = _valid(torch.arange(s, device=q.device)[None, :], meta.seq_lens[:, None], window)  # [B, S]
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q.view(b, q.shape[1], 1, d), kc, vc, attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=True
+    )  # [B, Hq, 1, D]
     return o.reshape(b, q.shape[1], d)

@@ -140,10 +140,13 @@ def test_mixed_step_over_int8_equals_float_over_dequantized(backend: str) -> Non
     pools.assert_same_contents()  # the step's K/V landed as codes + scales at the same slots
 
 
-@pytest.mark.parametrize("form", ["matmul", "fused"])
-@pytest.mark.parametrize(("window", "softcap"), [(None, None), (5, 1.5)])
+@pytest.mark.parametrize("form", ["matmul", "fused", "sdpa"])
+@pytest.mark.parametrize(("window", "softcap"), [(None, None), (5, 1.5), (4, None)])
 def test_graph_safe_decode_over_int8(form: str, window: int | None, softcap: float | None) -> None:
-    """paged_decode.py's eager (matmul) and traced (fused reductions) forms, with a padding row."""
+    """paged_decode.py's eager (matmul) and traced (SDPA; fused reductions for capped scores)
+    forms, with a padding row."""
+    if form == "sdpa" and softcap is not None:
+        pytest.skip("SDPA has no softcap: the compiled step takes the reductions")
     pools = Pools.random(4)
     gen = torch.Generator().manual_seed(5)
     lens = [7, 13, 2, 20, 1]
@@ -162,17 +165,18 @@ def test_graph_safe_decode_over_int8(form: str, window: int | None, softcap: flo
         want = rotate(
             paged_decode.paged_decode_attention(rotate(q), kr, vr, pools.kf, pools.vf, meta, SCALE, **opts)
         )
-    else:  # the reductions torch.compile traces, over the caches written as the op writes them
+    else:  # a form torch.compile traces, over the caches written as the op writes them
         paged_decode.write_decode_kv(k, v, pools.k8, pools.v8, meta.slot_mapping, pools.scales)
         paged_decode.write_decode_kv(kr, vr, pools.kf, pools.vf, meta.slot_mapping)
-        got = paged_decode._attend_fused(q, pools.k8, pools.v8, meta, SCALE, scales=pools.scales, **opts)
-        want = paged_decode._attend_fused(q, pools.kf, pools.vf, meta, SCALE, **opts)
+        attend = paged_decode._attend_fused if form == "fused" else paged_decode._attend_sdpa
+        got = attend(q, pools.k8, pools.v8, meta, SCALE, scales=pools.scales, **opts)
+        want = attend(q, pools.kf, pools.vf, meta, SCALE, **opts)
     pools.assert_same_contents()
     torch.testing.assert_close(got, want, **TOL)
     assert torch.isfinite(got).all()
 
 
-@pytest.mark.parametrize("form", ["matmul", "fused"])
+@pytest.mark.parametrize("form", ["matmul", "fused", "sdpa"])
 def test_verify_over_int8(form: str) -> None:
     """paged_verify.py: rows of Q queries (last token + drafts, padded), written then attended."""
     pools = Pools.random(7)
@@ -192,9 +196,10 @@ def test_verify_over_int8(form: str) -> None:
     got = paged_verify.paged_verify_attention(q, k, v, pools.k8, pools.v8, meta, SCALE, scales=pools.scales)
     kr, vr = stored(k, torch.int8), stored(v, torch.int8)
     want = rotate(paged_verify.paged_verify_attention(rotate(q), kr, vr, pools.kf, pools.vf, meta, SCALE))
-    if form == "fused":  # the reductions torch.compile traces, over the caches just written
-        got = paged_verify._attend_fused(q, pools.k8, pools.v8, meta, SCALE, scales=pools.scales)
-        want = paged_verify._attend_fused(q, pools.kf, pools.vf, meta, SCALE)
+    if form != "matmul":  # a form torch.compile traces, over the caches just written
+        attend = paged_verify._attend_fused if form == "fused" else paged_verify._attend_sdpa
+        got = attend(q, pools.k8, pools.v8, meta, SCALE, scales=pools.scales)
+        want = attend(q, pools.kf, pools.vf, meta, SCALE)
     pools.assert_same_contents()
     for r, (_, n) in enumerate(rows):
         torch.testing.assert_close(got[r * nq : r * nq + n], want[r * nq : r * nq + n], **TOL)
