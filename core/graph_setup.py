@@ -27,6 +27,10 @@ from rillet.graphs.runner import GraphRunner, resolve_decode_mode
 
 log = logging.getLogger(__name__)
 
+# graphs.short_prefill's cap for a model with soft-capped attention scores (Gemma 2), whose compiled
+# attention is the reductions: ~3 us per query x context token on the default model's shapes
+SOFTCAP_SHORT_PREFILL = 16
+
 
 def cache_base(cfg: RilletConfig) -> Path:
     return Path(cfg.model.cache_dir).expanduser() if cfg.model.cache_dir else default_cache_dir()
@@ -104,8 +108,11 @@ def verify_queries(cfg: RilletConfig, model: DecoderModel, mode: str = "compiled
     if not backend.graph_safe_decode and not hasattr(backend, "begin_verify"):
         return 0
     spec = 1 + sc.num_tokens if sc.enabled else 0
-    # not with LoRA buffers: the multi-query step does not read them
+    # not with LoRA buffers (the multi-query step does not read them); soft-capped scores take
+    # the attention's reductions, compute-bound past a few queries a row (paged_verify.py)
     short = cfg.graphs.short_prefill if mode == "compiled" and model.lora is None else 0
+    if model.arch.attn_softcap is not None:
+        short = min(short, SOFTCAP_SHORT_PREFILL)
     return max(spec, short)
 
 

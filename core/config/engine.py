@@ -55,7 +55,7 @@ class EngineConfig:
             check(getattr(self, key) in ("auto", "on", "off"), f"engine.{key}", "must be auto, on or off")
 
 
-MAX_SHORT_PREFILL = 256  # the compiled step's attention scores grow with Q x context
+MAX_SHORT_PREFILL = 4096
 
 
 @dataclass(frozen=True)
@@ -70,10 +70,10 @@ class GraphConfig:
     # loaded by the next start (graphs/aot/); off: torch.compile at every start
     artifacts: Literal["on", "off"] = "on"
     # CPU, compiled step: a prefill step whose rows each feed at most this many tokens (a prompt's
-    # tail after a prefix-cache hit, a short prompt) runs through the compiled multi-query step
-    # (the speculative verify step's graph, built for this even with speculation off), not eager;
-    # 0: prefill is always eager
-    short_prefill: int = 128
+    # tail after a prefix-cache hit, a prompt of up to this length) runs through the compiled
+    # multi-query step (the speculative verify step's graph, built for this even with speculation
+    # off), not eager; 0: prefill is always eager
+    short_prefill: int = 1024
 
     def __post_init__(self) -> None:
         check(all(b >= 1 for b in self.buckets), "graphs.buckets", "every bucket must be >= 1")

@@ -124,7 +124,29 @@ def test_short_prefill_off_keeps_prefill_eager(tiny_hf_model: Any) -> None:
         assert gr is not None and gr.verify_compiled is None and gr.verify_queries == 0
 
 
-@pytest.mark.parametrize("value", [1, -1, 257])
+def test_short_prefill_graph_queries() -> None:
+    """Q of the multi-query graph: graphs.short_prefill on the compiled step, the larger of it and
+    a verify step's 1 + k with speculation, capped for soft-capped attention, none with LoRA or eager."""
+    from types import SimpleNamespace
+
+    from rillet.core.graph_setup import SOFTCAP_SHORT_PREFILL, verify_queries
+
+    def model(softcap: float | None = None, lora: object = None) -> Any:
+        backend = SimpleNamespace(graph_safe_decode=True)
+        return SimpleNamespace(backend=backend, lora=lora, arch=SimpleNamespace(attn_softcap=softcap))
+
+    def cfg(short: int, method: str = "off") -> Any:
+        return config_from_dict({"graphs": {"short_prefill": short}, "speculative": {"method": method}})
+
+    assert verify_queries(cfg(300), model()) == 300
+    assert verify_queries(cfg(300), model(), mode="eager") == 0
+    assert verify_queries(cfg(300), model(lora=object())) == 0
+    assert verify_queries(cfg(300), model(softcap=50.0)) == SOFTCAP_SHORT_PREFILL
+    assert verify_queries(cfg(4, "ngram"), model()) == 1 + cfg(4).speculative.num_tokens
+    assert verify_queries(cfg(0, "ngram"), model(softcap=50.0)) == 1 + cfg(0).speculative.num_tokens
+
+
+@pytest.mark.parametrize("value", [1, -1, 4097])
 def test_short_prefill_bad_values_name_the_key(value: int) -> None:
     with pytest.raises(ConfigError, match=r"graphs\.short_prefill"):
         config_from_dict({"graphs": {"short_prefill": value}})
