@@ -95,7 +95,7 @@ def artifact_plan(cfg: RilletConfig, model: DecoderModel, in_process: bool = Fal
     return AotPlan(store, CompileProcess(cfg, torch.get_num_threads(), store.root / "build.log"))
 
 
-def verify_queries(cfg: RilletConfig, model: DecoderModel, mode: str = "compiled") -> int:
+def verify_queries(cfg: RilletConfig, model: DecoderModel, mode: str) -> int:
     """Q of the multi-query step's graph (graphs/verify.py): 1 + speculative.num_tokens queries a
     row for speculative verify steps, for up to speculative.max_batch rows; on the compiled CPU
     step at least graphs.short_prefill (short prefill steps run through it too: model_runner.py).

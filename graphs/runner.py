@@ -214,11 +214,11 @@ class GraphRunner:
         bucket = select_bucket(b, self.verify_buckets) if b <= self.verify_buckets[-1] else None
         return bucket is not None and bucket in self._verify_graphs
 
-    def takes_short_prefill(self, longest: int, decode_only: bool) -> bool:
+    def takes_short_prefill(self, longest: int) -> bool:
         """Whether a step with prefill rows, the longest feeding `longest` tokens, may run through
         the multi-query graph (the compiled CPU step only: a captured graph's Q is fixed, and
         padding a prompt's rows to it would cost more than the eager prefill saves)."""
-        return self.verify_compiled is not None and not decode_only and 2 <= longest <= self.verify_queries
+        return self.verify_compiled is not None and 2 <= longest <= self.verify_queries
 
     def verify_queries_for(self, longest: int) -> int:
         """Q of a verify step through the graph whose longest row holds `longest` tokens: the

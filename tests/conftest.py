@@ -206,7 +206,7 @@ def _short_prefill_switch() -> Iterator[dict[str, bool]]:
     switch = {"on": False}
     real = graph_setup.verify_queries
 
-    def verify_queries(cfg: Any, model: Any, mode: str = "compiled") -> int:
+    def verify_queries(cfg: Any, model: Any, mode: str) -> int:
         return real(cfg, model, mode) if switch["on"] or cfg.speculative.enabled else 0
 
     with pytest.MonkeyPatch.context() as mp:

@@ -143,19 +143,33 @@ def _attend_sdpa(
     softcap: float | None,
     scales: Scales | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
-    """Compiled: the gathered contexts through torch's fused attention, the valid keys as a mask
-    (a row always has one: seq_lens >= 1). Faster than the reductions below once contexts grow
-    (the default model's step at 1,024 / 2,048 cached tokens 21.4 / 34.9 -> 17.1 / 27.2 ms), and
-    the same kernel as the compiled verify step's (paged_verify.py), so a verify row and a decode
-    step round alike."""
+    """Compiled: the valid keys as a mask (a row always has one: seq_lens >= 1). Faster than the
+    reductions above once contexts grow (the default model's step at 1,024 / 2,048 cached tokens
+    21.4 / 34.9 -> 17.1 / 27.2 ms), and the same kernel as the compiled verify step's
+    (paged_verify.py), so a verify row and a decode step round alike."""
     b, w = meta.block_tables.shape
     d = k_cache.shape[3]
     s = w * k_cache.shape[1]
-    ks, vs = scales if scales is not None else (None, None)
-    kc = gather(k_cache, ks, meta.block_tables, q.dtype).transpose(1, 2)  # [B, Hkv, S, D]
-    vc = gather(v_cache, vs, meta.block_tables, q.dtype).transpose(1, 2)
     valid = _valid(torch.arange(s, device=q.device)[None, :], meta.seq_lens[:, None], window)  # [B, S]
-    o = torch.nn.functional.scaled_dot_product_attention(
-        q.view(b, q.shape[1], 1, d), kc, vc, attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=True
-    )  # [B, Hq, 1, D]
+    qh = q.view(b, q.shape[1], 1, d)  # [B, Hq, 1, D]
+    o = sdpa_over_blocks(qh, k_cache, v_cache, scales, meta.block_tables, valid[:, None, None, :], scale)
     return o.reshape(b, q.shape[1], d)
+
+
+def sdpa_over_blocks(
+    qh: torch.Tensor,  # [B, Hq, Q, D]
+    k_cache: torch.Tensor,  # [N, bs, Hkv, D]
+    v_cache: torch.Tensor,
+    scales: Scales | None,
+    block_tables: torch.Tensor,  # [B, W]
+    visible: torch.Tensor,  # [B, 1, Q, W * bs] bool: no query without a visible key
+    scale: float,
+) -> torch.Tensor:  # [B, Hq, Q, D]
+    """Each row's blocks gathered (dequantized) and attended by torch's fused attention (its CPU
+    flash kernel), the query heads grouped over the KV heads: the compiled decode and verify steps."""
+    ks, vs = scales if scales is not None else (None, None)
+    kc = gather(k_cache, ks, block_tables, qh.dtype).transpose(1, 2)  # [B, Hkv, S, D]
+    vc = gather(v_cache, vs, block_tables, qh.dtype).transpose(1, 2)
+    return torch.nn.functional.scaled_dot_product_attention(
+        qh, kc, vc, attn_mask=visible, scale=scale, enable_gqa=True
+    )

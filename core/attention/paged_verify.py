@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from rillet.core.attention.base import VerifyMetadata
 from rillet.core.attention.kv_cache import Scales, gather, gather_blocks, rotate, rotated
-from rillet.core.attention.paged_decode import write_decode_kv
+from rillet.core.attention.paged_decode import sdpa_over_blocks, write_decode_kv
 
 
 def paged_verify_attention(
@@ -125,21 +125,16 @@ def _attend_sdpa(
     softcap: float | None = None,
     scales: Scales | None = None,
 ) -> torch.Tensor:
-    """Compiled: the gathered contexts through torch's fused attention (its CPU flash kernel), the
-    causal/window visibility as a boolean mask. With several queries a row the reductions above
-    turn compute-bound and cost ~3 us per query x context token on the default model (a 9-query
-    step over 1,024 tokens 44 ms); this kernel's GEMMs take 26 (bench/RESULTS.md). Every query
-    sees at least one key (a padding query its row's whole context, a padding row slot 0), so no
-    row of the mask is empty."""
+    """Compiled: the gathered contexts through torch's fused attention (paged_decode.py's
+    sdpa_over_blocks), the causal/window visibility as a boolean mask. With several queries a row
+    the reductions above turn compute-bound and cost ~3 us per query x context token on the default
+    model (a 9-query step over 1,024 tokens 44 ms); this kernel's GEMMs take 26 (bench/RESULTS.md).
+    Every query sees at least one key (a padding query its row's whole context, a padding row slot
+    0), so no row of the mask is empty."""
     b, w = meta.block_tables.shape
     nq = meta.slot_mapping.shape[1]
     bs, d = k_cache.shape[1], k_cache.shape[3]
-    ks, vs = scales if scales is not None else (None, None)
-    kc = gather(k_cache, ks, meta.block_tables, q.dtype).transpose(1, 2)  # [B, Hkv, S, D]
-    vc = gather(v_cache, vs, meta.block_tables, q.dtype).transpose(1, 2)
     qh = q.view(b, nq, q.shape[1], d).transpose(1, 2)  # [B, Hq, Q, D]
     visible = _visible(meta, w, bs, q.device, window).view(b, 1, nq, w * bs)
-    o = torch.nn.functional.scaled_dot_product_attention(
-        qh, kc, vc, attn_mask=visible, scale=scale, enable_gqa=True
-    )  # [B, Hq, Q, D]
+    o = sdpa_over_blocks(qh, k_cache, v_cache, scales, meta.block_tables, visible, scale)  # [B, Hq, Q, D]
     return o.transpose(1, 2).reshape(b * nq, q.shape[1], d)

@@ -163,23 +163,24 @@ class ModelRunner:
         graph-safe verify attention (one batched attention instead of one per row); a short prefill
         step through the graph only (eager, the flat layout serves it as well). None: the flat
         layout runs the step (no graph-safe backend, embeddings, or a row longer than Q)."""
-        gr = self.graph_runner
         m = inp.meta
-        graph = gr is not None and gr.verify_queries > 0 and gr.takes_verify(m.num_seqs)
-        longest = max(m.query_lens_cpu) if m.query_lens_cpu else 0
+        if (m.is_decode_only and not inp.verify_only) or inp.pool or inp.lora_slots is not None:
+            return None  # decode steps take the decode graph (_hidden): checked first, every step
+        gr = self.graph_runner
+        if gr is not None and not (gr.verify_queries > 0 and gr.takes_verify(m.num_seqs)):
+            gr = None  # no multi-query graph for this step
+        longest = max(m.query_lens_cpu)
         if inp.verify_only:
-            if not graph and not self.model.backend.graph_safe_decode:
+            if gr is None and not self.model.backend.graph_safe_decode:
                 return None
-        elif not (graph and gr is not None and gr.takes_short_prefill(longest, m.is_decode_only)):
+        elif gr is None or not gr.takes_short_prefill(longest):
             return None
-        if inp.pool or inp.lora_slots is not None:
-            return None
-        q = gr.verify_queries_for(longest) if graph and gr is not None else longest
+        q = gr.verify_queries_for(longest) if gr is not None else longest
         laid = padded_verify_batch(inp, q)
         if laid is None:
             return None
         batch, rows = laid
-        if graph and gr is not None:
+        if gr is not None:
             hidden = gr.run_verify(batch)  # [B * Q, H]
         else:
             meta = VerifyMetadata(batch.slot_mapping, batch.seq_lens, batch.query_lens, batch.block_tables)

@@ -138,12 +138,14 @@ def test_short_prefill_graph_queries() -> None:
     def cfg(short: int, method: str = "off") -> Any:
         return config_from_dict({"graphs": {"short_prefill": short}, "speculative": {"method": method}})
 
-    assert verify_queries(cfg(300), model()) == 300
-    assert verify_queries(cfg(300), model(), mode="eager") == 0
-    assert verify_queries(cfg(300), model(lora=object())) == 0
-    assert verify_queries(cfg(300), model(softcap=50.0)) == SOFTCAP_SHORT_PREFILL
-    assert verify_queries(cfg(4, "ngram"), model()) == 1 + cfg(4).speculative.num_tokens
-    assert verify_queries(cfg(0, "ngram"), model(softcap=50.0)) == 1 + cfg(0).speculative.num_tokens
+    assert verify_queries(cfg(300), model(), "compiled") == 300
+    assert verify_queries(cfg(300), model(), "eager") == 0
+    assert verify_queries(cfg(300), model(lora=object()), "compiled") == 0
+    assert verify_queries(cfg(300), model(softcap=50.0), "compiled") == SOFTCAP_SHORT_PREFILL
+    assert verify_queries(cfg(4, "ngram"), model(), "compiled") == 1 + cfg(4).speculative.num_tokens
+    assert (
+        verify_queries(cfg(0, "ngram"), model(softcap=50.0), "compiled") == 1 + cfg(0).speculative.num_tokens
+    )
 
 
 @pytest.mark.parametrize("value", [1, -1, 4097])
