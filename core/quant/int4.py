@@ -150,9 +150,16 @@ class Int8Weight(nn.Module):
     def refine(self, x: torch.Tensor, y: torch.Tensor, k: int = REFINE_TOP_K) -> torch.Tensor:
         """x [B, K] hidden, y [B, N] float32 logits from self(x) -> y with each row's top k exact."""
         top = y.topk(min(k, self.out_features), dim=-1).indices  # [B, k]
+        return y.scatter(1, top, self._exact(x, top))
+
+    def _exact(self, x: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+        """x [B, K], token ids top [B, k] -> their float32 logits [B, k] from the group-32 codes.
+        A product and a sum over the last dim, not a batched matmul: each logit is then summed in
+        the same order whatever B is. A bmm goes to MKL, whose strict mode keeps a row's bits only
+        from 4 rows up (core/determinism/mkl.py): deterministic mode's request tests failed on an
+        AMX Xeon, a row alone and in a batch of 17 differing in the last bits of its logits."""
         rows = self.codes[top].float() * self.scales[top][..., None]  # [B, k, K/G, G]
-        exact = torch.einsum("bi,bki->bk", x.float(), rows.flatten(2))  # [B, k]
-        return y.scatter(1, top, exact)
+        return (rows.flatten(2) * x.float()[:, None, :]).sum(-1)  # [B, k]
 
 
 def lin(x: torch.Tensor, w: torch.Tensor | nn.Module, b: torch.Tensor | None = None) -> torch.Tensor:

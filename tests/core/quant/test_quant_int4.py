@@ -187,3 +187,21 @@ def test_a_lean_load_quantizes_each_projection_as_it_is_read() -> None:
     got = dict(streamed.state_dict())
     assert got.keys() == want.keys()
     assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_int8_head_refined_logits_are_the_same_bits_alone_and_in_any_batch(threads: int) -> None:
+    """Deterministic mode needs a row's logits independent of its batch: the exact top k are a
+    product and a sum per logit, never a batched matmul, whose kernel follows the batch's shape."""
+    head = Int8Weight(torch.randn(2048, 576, generator=torch.Generator().manual_seed(7)) * 0.05)
+    x = torch.randn(17, 576, generator=torch.Generator().manual_seed(8))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        whole = head.refine(x, head(x).float())
+        for m in (1, 2, 5, 16):
+            assert torch.equal(head.refine(x[:m], head(x[:m]).float()), whole[:m])
+        for i in range(17):
+            assert torch.equal(head.refine(x[i : i + 1], head(x[i : i + 1]).float()), whole[i : i + 1])
+    finally:
+        torch.set_num_threads(before)
