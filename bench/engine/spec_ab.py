@@ -9,7 +9,9 @@ differences between variants are measured on the same machine state. The engine 
 n-gram drafter between batches (each request builds its draft length policy and n-gram index when
 it starts, from them), and `verify_rounds.ROUND`. "off" is a drafter that never proposes (every
 step a plain decode); "adaptive" variants size the lookup's drafts as a draft model's are
-(adaptive k, the policy before 2026-12-03), "match" ones by the matched suffix and `row_cost`.
+(adaptive k, the policy before 2026-12-03), "match" ones by the matched suffix and `row_cost`;
+"full-head" ones give plain greedy rows the full int8 LM head instead of its candidate pass
+(core/quant/candidate_head.py), as before 2026-12-03's second session.
 Prompts: the server bench's grounded and chat sets, through the model's chat template, greedy,
 128 tokens max; at batch B they go B at a time. Reports per variant the best and median
 wall time of a set and tok/s, and the engine's peak RSS.
@@ -45,6 +47,7 @@ class Variant:
     policy: str = "match"  # match: ByMatch (row_cost) | adaptive: AdaptiveK
     row_cost: float = 0.1
     rows: int = verify_rounds.ROUND  # LM head rows per round
+    full_head: bool = False  # plain greedy rows through the full int8 head, not its candidate pass
 
 
 VARIANTS: dict[str, Variant] = {
@@ -57,6 +60,8 @@ VARIANTS: dict[str, Variant] = {
     "match-k8-c0.05": Variant(8, row_cost=0.05),
     "match-k8-c0.15": Variant(8, row_cost=0.15),
     "match-k8-one-round": Variant(8, rows=1_000),
+    "off-full-head": Variant(0, full_head=True),
+    "match-k8-full-head": Variant(8, full_head=True),
 }
 
 
@@ -69,7 +74,10 @@ class _AdaptiveNgram(NgramDrafter):
     cheap = False  # the speculator then sizes its drafts with adaptive k, as a draft model's
 
 
-def _use(llm: LLM, v: Variant, base: Any) -> None:
+def _use(llm: LLM, v: Variant, base: Any, candidates: Any) -> None:
+    head = llm.engine.core.runner.model.quant_head  # type: ignore[attr-defined]
+    if head is not None:
+        head.candidate_head = None if v.full_head else candidates
     spec = llm.engine.core.spec
     assert spec is not None
     spec.cfg = dataclasses.replace(
@@ -114,11 +122,13 @@ def main() -> None:
 
         decode_path(llm)  # waits for the background compile (the verify step's too)
         base = llm.engine.core.spec.cfg  # type: ignore[union-attr]
+        head = llm.engine.core.runner.model.quant_head  # type: ignore[attr-defined]
+        candidates = None if head is None else head.candidate_head
         sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
         for _ in range(args.rounds + 1):  # the first pass warms the prefix cache, not counted
             for b in args.batch:
                 for name in args.variants:
-                    _use(llm, VARIANTS[name], base)
+                    _use(llm, VARIANTS[name], base, candidates)
                     for set_name, prompts in sets.items():
                         t0 = time.perf_counter()
                         n = 0

@@ -249,9 +249,13 @@ class DecoderModel(nn.Module):
         """The projections are Int4Weight stand-ins (quantize_int4 was called)."""
         return self.quant_head is not None
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, H] (rows of `forward`'s output) -> float32 logits [N, V]."""
-        if self.quant_head is not None:
+    def compute_logits(self, hidden: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:
+        """hidden [N, H] (rows of `forward`'s output) -> float32 logits [N, V]. `argmax_only`: the
+        caller reads only each row's argmax (plain greedy rows), so the int8 head may give its
+        exact candidates alone (Int8Weight.candidate_logits)."""
+        if self.quant_head is not None and argmax_only:
+            logits = self.quant_head.candidate_logits(hidden)
+        elif self.quant_head is not None:
             logits = self.quant_head.refine(hidden, self.quant_head(hidden).float())
         else:
             head = self.embed_tokens if self.lm_head is None else self.lm_head

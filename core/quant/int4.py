@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from rillet.core.quant.candidate_head import CandidateHead, onednn_int8_available
 from torch import nn
 
 GROUP = 32
@@ -129,6 +130,10 @@ class Int8Weight(nn.Module):
         self.register_buffer("row_scales", row_scales.to(torch.bfloat16))
         self.register_buffer("codes", codes)
         self.register_buffer("scales", scales)
+        # plain greedy rows pick their candidates through oneDNN (candidate_head.py) where it runs
+        self.candidate_head: CandidateHead | None = None
+        if onednn_int8_available(weight.device):
+            self.candidate_head = CandidateHead(row_codes, row_scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] any float -> [..., N] bf16
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # [M, K]
@@ -151,6 +156,15 @@ class Int8Weight(nn.Module):
         """x [B, K] hidden, y [B, N] float32 logits from self(x) -> y with each row's top k exact."""
         top = y.topk(min(k, self.out_features), dim=-1).indices  # [B, k]
         return y.scatter(1, top, self._exact(x, top))
+
+    def candidate_logits(self, x: torch.Tensor, k: int = REFINE_TOP_K) -> torch.Tensor:
+        """x [B, K] hidden -> [B, N] float32: each row's top k candidates with their exact logits,
+        every other token -inf. For rows that read only the argmax: it is the exact head's whenever
+        the best token is among the k, and it depends only on the row (no approximate logit is
+        left to win it)."""
+        approx = self(x).float() if self.candidate_head is None else self.candidate_head(x)
+        top = approx.topk(min(k, self.out_features), dim=-1).indices  # [B, k]
+        return torch.full_like(approx, float("-inf")).scatter_(1, top, self._exact(x, top))
 
     def _exact(self, x: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
         """x [B, K], token ids top [B, k] -> their float32 logits [B, k] from the group-32 codes.

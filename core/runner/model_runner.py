@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from rillet.core.attention.base import VerifyMetadata
@@ -102,9 +103,10 @@ class ModelRunner:
         if not rows:  # prefill chunks that sample nothing yet, embeddings
             empty = HostSample(torch.empty(0, dtype=torch.int64), None, 0, None)
             return _Launched(pooled_seqs, empty, pooled)
+        argmax_only = self.sampler.argmax_only(rows)
         if inp.sample_offsets is not None and self.device.type == "cpu":  # verify_rounds.py
             result, tokens = sample_in_rounds(
-                self.model.compute_logits,
+                partial(self.model.compute_logits, argmax_only=argmax_only),
                 self.sampler,
                 sampled,
                 rows,
@@ -114,7 +116,7 @@ class ModelRunner:
             )
             self.inputs.store_sampled(inp, tokens)
             return _Launched(seqs + pooled_seqs, Ready(result), pooled)
-        logits = self.model.compute_logits(sampled)  # [S, V]
+        logits = self.model.compute_logits(sampled, argmax_only)  # [S, V]
         sample = self.sampler.sample_device(logits, rows, mask)
         self.inputs.store_sampled(inp, sample.tokens)
         return _Launched(seqs + pooled_seqs, sample.start_copy(), pooled)

@@ -206,6 +206,11 @@ class Sampler:
             return DeviceSample(tokens)
         return pack_logprobs(tokens, logprobs, lp_rows, seqs, index)
 
+    def argmax_only(self, seqs: list[Seq]) -> bool:
+        """Every row's token is the argmax of its raw logits and nothing else is read from them (no
+        grammar mask either): the LM head may give candidates alone (DecoderModel.compute_logits)."""
+        return all(s.params.grammar is None and self._plain_greedy(s) for s in seqs)
+
     def _plain_greedy(self, seq: Seq) -> bool:
         return seq.params.plain_greedy(seq.num_generated, self.eos_token_ids)
 

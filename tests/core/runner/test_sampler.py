@@ -344,3 +344,26 @@ def test_logit_bias_is_validated(value: Any, words: str) -> None:
 
 def test_logit_bias_is_normalised_to_sorted_pairs() -> None:
     assert SamplingParams(logit_bias={5: -1, 2: 3}).logit_bias == ((2, 3.0), (5, -1.0))
+
+
+def test_argmax_only_holds_for_plain_greedy_rows_alone() -> None:
+    """The LM head may give a row its candidates alone (DecoderModel.compute_logits) only when no
+    part of sampling reads more than the argmax: any other row in the step turns it off."""
+    from rillet.core.structured.spec import GrammarSpec
+
+    sampler = Sampler(len(PROBS), (EOS,), CPU, seed=0)
+    plain = seq(0, temperature=0.0)
+    assert sampler.argmax_only([plain, seq(1, temperature=0.0, max_tokens=4)])
+    others = [
+        seq(2, temperature=0.7),
+        seq(3, temperature=0.0, logprobs=0),
+        seq(4, temperature=0.0, repetition_penalty=1.1),
+        seq(5, temperature=0.0, presence_penalty=0.5),
+        seq(6, temperature=0.0, logit_bias={1: 5.0}),
+        seq(7, temperature=0.0, min_tokens=2, max_tokens=4),
+        seq(8, temperature=0.0, grammar=GrammarSpec("json_object")),
+    ]
+    for other in others:
+        assert not sampler.argmax_only([plain, other]), other.params
+    # min_tokens in force only until that many tokens are out
+    assert sampler.argmax_only([seq(9, output=[5, 6], temperature=0.0, min_tokens=2, max_tokens=4)])

@@ -1,0 +1,153 @@
+"""The default model's LM head by rows: the full head (torch's weight-only int8 kernel with bf16
+activations, then the exact top 16: what sampled rows get) against the candidate pass plain greedy
+rows get (oneDNN int8 x int8, then the exact top 16, every other token -inf:
+core/quant/candidate_head.py), with the head's weights hot in cache and evicted (a 64 MiB buffer
+written between calls, as a decode step's other weights do).
+
+Accuracy on the model's own hidden states (the greedy answers to the first 16 chat prompts of
+tests/data/chat_prompts.json): each approximation's error against the Q8_0 weights' float64
+logits, and whether each row's argmax is the exact one.
+
+    .venv/bin/python -m bench.engine.lm_head
+    .venv/bin/python -m bench.engine.lm_head --threads 1 2 --rows 1 4 9 16
+
+Prints the tables last and writes JSON (with the process's peak RSS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from rillet.core.config import config_from_dict
+from rillet.core.llm import LLM
+from rillet.core.model.decoder import DecoderModel
+from rillet.core.quant.int4 import Int8Weight
+from rillet.core.sampling_params import SamplingParams
+
+from bench.lib.common import peak_rss_mib, table, write_json
+
+PROMPTS = Path(__file__).resolve().parents[2] / "tests" / "data" / "chat_prompts.json"
+
+
+def capture(n_prompts: int) -> tuple[Int8Weight, torch.Tensor]:
+    """The default model's int8 head and the hidden rows its greedy answers computed logits of."""
+    rows: list[torch.Tensor] = []
+    real = DecoderModel.compute_logits
+
+    def spy(self: DecoderModel, hidden: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:
+        rows.append(hidden.detach().float().clone())
+        return real(self, hidden, argmax_only)
+
+    DecoderModel.compute_logits = spy  # type: ignore[method-assign]
+    prompts = json.loads(PROMPTS.read_text())[:n_prompts]
+    cfg = config_from_dict({"graphs": {"enabled": False}})
+    try:
+        with LLM(cfg) as llm:
+            tok = llm.tokenizer
+            chats = [
+                tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
+                for p in prompts
+            ]
+            llm.generate(chats, SamplingParams(max_tokens=48, temperature=0.0))
+            head = llm.engine.core.runner.model.quant_head  # type: ignore[attr-defined]
+    finally:
+        DecoderModel.compute_logits = real  # type: ignore[method-assign]
+    assert isinstance(head, Int8Weight), "the default model's head is int8 on CPU"
+    return head, torch.cat(rows)
+
+
+def timed(fn: Callable[[], Any], cold: bool, junk: torch.Tensor, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        if cold:
+            junk.add_(1)  # evicts the head's 28 MB from the caches
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def _full(head: Int8Weight, x: torch.Tensor) -> torch.Tensor:
+    return head.refine(x, head(x).float())
+
+
+def speed_rows(
+    head: Int8Weight, x: torch.Tensor, threads: list[int], rows: list[int], repeats: int
+) -> list[dict[str, Any]]:
+    junk = torch.zeros(64 << 20, dtype=torch.uint8)
+    out = []
+    for t in threads:
+        torch.set_num_threads(t)
+        for m in rows:
+            xm = x[:m].contiguous()
+            full = partial(_full, head, xm)
+            cand = partial(head.candidate_logits, xm)
+            row: dict[str, Any] = {"threads": t, "rows": m}
+            for cold in (False, True):
+                tag = "cold" if cold else "hot"
+                row[f"full_{tag}_ms"] = round(timed(full, cold, junk, repeats), 3)
+                row[f"candidates_{tag}_ms"] = round(timed(cand, cold, junk, repeats), 3)
+            row["cold_ratio"] = round(row["full_cold_ms"] / row["candidates_cold_ms"], 2)
+            out.append(row)
+    return out
+
+
+def accuracy(head: Int8Weight, x: torch.Tensor) -> list[dict[str, Any]]:
+    exact = x.double() @ (head.codes.double() * head.scales.double()[..., None]).flatten(1).t()
+    best = exact.argmax(-1)
+    approx = {"bf16 kernel (full head)": head(x).float(), "oneDNN int8 (candidates)": None}
+    if head.candidate_head is not None:
+        approx["oneDNN int8 (candidates)"] = head.candidate_head(x)
+    final = {
+        "bf16 kernel (full head)": head.refine(x, approx["bf16 kernel (full head)"]),
+        "oneDNN int8 (candidates)": head.candidate_logits(x),
+    }
+    out = []
+    for name, y in approx.items():
+        if y is None:
+            continue
+        err = (y.double() - exact).abs()
+        out.append(
+            {
+                "approximation": name,
+                "mean_err": round(err.mean().item(), 4),
+                "max_err": round(err.max().item(), 3),
+                "top1_misses": int((y.argmax(-1) != best).sum()),
+                "top16_misses": int((~(y.topk(16, -1).indices == best[:, None]).any(-1)).sum()),
+                "final_argmax_misses": int((final[name].argmax(-1) != best).sum()),
+                "rows": len(x),
+            }
+        )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", nargs="+", type=int, default=[2, 1])
+    ap.add_argument("--rows", nargs="+", type=int, default=[1, 2, 4, 5, 8, 9, 16])
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--out", default="bench/results/lm_head.json")
+    args = ap.parse_args()
+    head, x = capture(args.prompts)
+    acc = accuracy(head, x)
+    speed = speed_rows(head, x, args.threads, args.rows, args.repeats)
+    rss = peak_rss_mib()
+    kind = "oneDNN int8" if head.candidate_head is not None else "none (bf16 kernel)"
+    print(f"candidate head: {kind}; peak RSS {rss:.0f} MiB")
+    print(table(acc, list(acc[0])))
+    print(table(speed, list(speed[0])))
+    write_json(args.out, {"args": vars(args), "accuracy": acc, "speed": speed, "peak_rss_mib": rss})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""The LM head's candidate pass for plain greedy rows (core/quant/candidate_head.py): the exact
+top k alone, a row's bits independent of its batch, the same argmax as the full head."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rillet.core.quant.candidate_head import CandidateHead, onednn_int8_available
+from rillet.core.quant.int4 import Int8Weight, int4_supported
+
+pytestmark = pytest.mark.skipif(not int4_supported(), reason="no CPU int8 head kernel in this torch")
+needs_onednn = pytest.mark.skipif(not onednn_int8_available(torch.device("cpu")), reason="no oneDNN int8")
+
+
+def _head(n: int = 2048, k: int = 96, seed: int = 0) -> Int8Weight:
+    return Int8Weight(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05)
+
+
+def _exact(head: Int8Weight, x: torch.Tensor) -> torch.Tensor:  # [M, N] float64: the Q8_0 weights' logits
+    w = (head.codes.double() * head.scales.double()[..., None]).flatten(1)
+    return x.double() @ w.t()
+
+
+@needs_onednn
+def test_the_candidate_head_runs_where_onednn_does() -> None:
+    assert _head().candidate_head is not None
+
+
+@pytest.mark.parametrize("onednn", [True, False])
+def test_candidate_logits_are_the_exact_top_k_and_minus_inf_elsewhere(onednn: bool) -> None:
+    head = _head()
+    if not onednn:
+        head.candidate_head = None  # the bf16 kernel picks them
+    elif head.candidate_head is None:
+        pytest.skip("no oneDNN int8")
+    x = torch.randn(7, 96, generator=torch.Generator().manual_seed(1))
+    got = head.candidate_logits(x, k=8)
+    exact = _exact(head, x)
+    finite = got.isfinite()
+    assert (finite.sum(1) == 8).all() and (got[~finite] == float("-inf")).all()
+    torch.testing.assert_close(got[finite].double(), exact[finite], rtol=1e-6, atol=1e-6)
+    assert torch.equal(got.argmax(-1), exact.argmax(-1))
+    assert torch.equal(got.argmax(-1), head.refine(x, head(x).float()).argmax(-1))
+
+
+@needs_onednn
+def test_a_rows_approximate_logits_are_the_same_bits_in_any_batch() -> None:
+    """Each row is quantized on its own scale: its logits do not depend on the other rows, their
+    count, or its place among them (the speculative verify step computes a run's positions in
+    rounds, and a plain step in any batch)."""
+    head = _head()
+    cand = head.candidate_head
+    assert cand is not None
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(13, 96, generator=g) * torch.logspace(-2, 1, 13)[:, None]  # rows of very different size
+    alone = torch.cat([cand(x[i : i + 1]) for i in range(13)])
+    for m in (2, 4, 5, 9, 13):
+        assert torch.equal(cand(x[:m]), alone[:m])
+    perm = torch.randperm(13, generator=g)
+    assert torch.equal(cand(x[perm]), alone[perm])
+
+
+@needs_onednn
+def test_its_error_is_a_small_share_of_the_logits_range() -> None:
+    """Per-row 8-bit activations on int8 weights: well inside the spread that candidates are picked
+    from (the default model's head: ~0.12 mean error, bench/RESULTS.md)."""
+    head = _head(n=4096, k=576)
+    x = torch.randn(16, 576, generator=torch.Generator().manual_seed(3))
+    exact = _exact(head, x)
+    err = (CandidateHead(head.row_codes, head.row_scales.float())(x).double() - exact).abs()
+    spread = exact.std(1, keepdim=True)
+    assert (err.mean(1, keepdim=True) < 0.02 * spread).all()
+    assert (err < 0.1 * spread).all()
+
+
+def test_on_the_default_models_hidden_states_the_argmax_is_the_full_heads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The default model's Q8_0 head over its own hidden states (greedy answers to chat prompts):
+    the candidates' argmax is the one the full head (bf16 kernel + refine) gives, row for row."""
+    from rillet.core.config import config_from_dict
+    from rillet.core.llm import LLM
+    from rillet.core.model.decoder import DecoderModel
+    from rillet.core.sampling_params import SamplingParams
+
+    rows: list[torch.Tensor] = []
+    real = DecoderModel.compute_logits
+
+    def spy(self: DecoderModel, hidden: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:
+        rows.append(hidden.detach().clone())
+        return real(self, hidden, argmax_only)
+
+    monkeypatch.setattr(DecoderModel, "compute_logits", spy)
+    cfg = config_from_dict({"model": {"quantization": "int4"}, "graphs": {"enabled": False}})
+    prompts = ["Write a haiku about the sea.", "List three uses of copper.", "What is 17 * 3?"]
+    with LLM(cfg) as llm:
+        llm.generate(prompts, SamplingParams(max_tokens=24, temperature=0.0))
+        head = llm.engine.core.runner.model.quant_head  # type: ignore[attr-defined]
+    assert head is not None
+    x = torch.cat(rows)
+    assert len(x) >= 24
+    want = head.refine(x, head(x).float()).argmax(-1)
+    assert torch.equal(head.candidate_logits(x).argmax(-1), want)
