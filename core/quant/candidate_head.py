@@ -3,10 +3,10 @@
 A plain greedy row (no penalties, bias, logprobs, min_tokens mask or grammar: the sampler takes
 only the argmax) needs from the head only which tokens could be the best; `Int8Weight` then
 computes those exactly. torch's weight-only int8 kernel (`_weight_int8pack_mm`, bf16 activations)
-goes over the 49,152 x 576 head once per block of 4 rows and is compute-bound past one row: 1 / 4 /
-9 rows cost 1.9 / 2.2 / 4.8 ms with the weights out of cache on 2 threads. oneDNN's int8 GEMM
-(the op torch's x86 quantization lowers to; VNNI / AMX int8) reads the same int8 codes once for
-any number of rows: ~1 ms for 1-16 rows (bench/engine/lm_head.py, bench/RESULTS.md).
+goes over the 49,152 x 576 head once per block of 4 rows and is compute-bound past one row; oneDNN's
+int8 GEMM (the op torch's x86 quantization lowers to; VNNI / AMX int8) reads the same int8 codes
+once for any number of rows. With the exact top 16, out of cache, 2 threads: 1 / 4 / 9 rows cost
+2.2 / 3.3 / 6.4 ms through the first, 1.5 / 1.6 / 2.2 through this (bench/kernels/lm_head.py).
 
 The activations are quantized per row: each row is divided by its largest magnitude and rounded to
 127 levels a side (uint8 around 128), the one scale 1/127 for every row, and its logits are scaled

@@ -8,8 +8,8 @@ Accuracy on the model's own hidden states (the greedy answers to the first 16 ch
 tests/data/chat_prompts.json): each approximation's error against the Q8_0 weights' float64
 logits, and whether each row's argmax is the exact one.
 
-    .venv/bin/python -m bench.engine.lm_head
-    .venv/bin/python -m bench.engine.lm_head --threads 1 2 --rows 1 4 9 16
+    .venv/bin/python -m bench.kernels.lm_head
+    .venv/bin/python -m bench.kernels.lm_head --threads 1 2 --rows 1 4 9 16
 
 Prints the tables last and writes JSON (with the process's peak RSS).
 """
