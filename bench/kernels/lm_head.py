@@ -102,31 +102,27 @@ def speed_rows(
 
 
 def accuracy(head: Int8Weight, x: torch.Tensor) -> list[dict[str, Any]]:
+    """One row per approximation: its error against the Q8_0 weights' logits, how often the exact
+    best token is its top 1 / in its top 16, and how often the final logits' argmax misses it."""
     exact = x.double() @ (head.codes.double() * head.scales.double()[..., None]).flatten(1).t()
     best = exact.argmax(-1)
-    approx = {"bf16 kernel (full head)": head(x).float(), "oneDNN int8 (candidates)": None}
+
+    def row(name: str, approx: torch.Tensor, final: torch.Tensor) -> dict[str, Any]:
+        err = (approx.double() - exact).abs()
+        return {
+            "approximation": name,
+            "mean_err": round(err.mean().item(), 4),
+            "max_err": round(err.max().item(), 3),
+            "top1_misses": int((approx.argmax(-1) != best).sum()),
+            "top16_misses": int((~(approx.topk(16, -1).indices == best[:, None]).any(-1)).sum()),
+            "final_argmax_misses": int((final.argmax(-1) != best).sum()),
+            "rows": len(x),
+        }
+
+    full = head(x).float()
+    out = [row("bf16 kernel (full head)", full, head.refine(x, full))]
     if head.candidate_head is not None:
-        approx["oneDNN int8 (candidates)"] = head.candidate_head(x)
-    final = {
-        "bf16 kernel (full head)": head.refine(x, approx["bf16 kernel (full head)"]),
-        "oneDNN int8 (candidates)": head.candidate_logits(x),
-    }
-    out = []
-    for name, y in approx.items():
-        if y is None:
-            continue
-        err = (y.double() - exact).abs()
-        out.append(
-            {
-                "approximation": name,
-                "mean_err": round(err.mean().item(), 4),
-                "max_err": round(err.max().item(), 3),
-                "top1_misses": int((y.argmax(-1) != best).sum()),
-                "top16_misses": int((~(y.topk(16, -1).indices == best[:, None]).any(-1)).sum()),
-                "final_argmax_misses": int((final[name].argmax(-1) != best).sum()),
-                "rows": len(x),
-            }
-        )
+        out.append(row("oneDNN int8 (candidates)", head.candidate_head(x), head.candidate_logits(x)))
     return out
 
 

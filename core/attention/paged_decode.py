@@ -145,7 +145,7 @@ def _attend_sdpa(
 ) -> torch.Tensor:  # [B, Hq, D]
     """Compiled: the valid keys as a mask (a row always has one: seq_lens >= 1). Faster than the
     reductions above once contexts grow (the default model's step at 1,024 / 2,048 cached tokens
-    21.4 / 34.9 -> 17.1 / 27.2 ms), and the same kernel as the compiled verify step's
+    21.4 / 34.9 -> 17.5 / 28.7 ms, bench/RESULTS.md), and the same kernel as the compiled verify step's
     (paged_verify.py), so a verify row and a decode step round alike."""
     b, w = meta.block_tables.shape
     d = k_cache.shape[3]
