@@ -13,11 +13,20 @@ The activations are quantized per row: each row is divided by its largest magnit
 back by that magnitude. So a row's logits are bitwise the same alone or in any batch
 (tests/core/quant/test_candidate_head.py). They are off by ~0.12 on average (the bf16 kernel's:
 ~0.06), so they only pick candidates and never reach a sampled distribution.
+
+Only where the products are exact: without VNNI (AVX2, AVX-512 before Cascade Lake) oneDNN sums
+u8 x s8 pairs in int16 and saturates; forced onto AVX2 here (`ONEDNN_MAX_CPU_ISA=AVX2`) the head's
+logits were off by up to 11.9. So `build` runs the head once on a probe whose every pair saturates
+such a kernel and keeps it only if the result is exact; otherwise the bf16 kernel picks candidates.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+log = logging.getLogger(__name__)
 
 _LEVELS = 127.0  # quantized magnitudes a side of zero
 _ZERO = 128  # uint8 zero point
@@ -50,3 +59,21 @@ class CandidateHead:
             None, 1.0, 0, torch.float32, "none", [], "",
         )  # fmt: skip
         return y.mul_(peak)  # type: ignore[no-any-return]
+
+
+def build(codes: torch.Tensor, scales: torch.Tensor) -> CandidateHead | None:
+    """A CandidateHead for this head where oneDNN's int8 GEMM runs and sums exactly, else None."""
+    if not onednn_int8_available(codes.device):
+        return None
+    head = CandidateHead(codes, scales)
+    # Every input at its top level (u8 255) against the head's own codes: a kernel that sums pairs
+    # in int16 saturates wherever two neighbouring codes add up past 128, which a vocabulary-sized
+    # head has; exact sums differ from the float ones only by rounding.
+    probe = torch.ones(1, codes.shape[1])
+    # integer sums (no float copy of the head at load): [N]
+    exact = codes.sum(1, dtype=torch.int64).double() * scales.double()
+    bound = 1e-4 * codes.abs().sum(1, dtype=torch.int64).double() * scales.double() + 1e-6
+    if not bool(((head(probe)[0].double() - exact).abs() <= bound).all()):
+        log.warning("oneDNN's int8 GEMM does not sum exactly on this CPU: greedy rows use the full LM head")
+        return None
+    return head

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from rillet.core.quant.candidate_head import CandidateHead, onednn_int8_available
+from rillet.core.quant import candidate_head
+from rillet.core.quant.candidate_head import CandidateHead
 from torch import nn
 
 GROUP = 32
@@ -130,10 +131,8 @@ class Int8Weight(nn.Module):
         self.register_buffer("row_scales", row_scales.to(torch.bfloat16))
         self.register_buffer("codes", codes)
         self.register_buffer("scales", scales)
-        # plain greedy rows pick their candidates through oneDNN (candidate_head.py) where it runs
-        self.candidate_head: CandidateHead | None = None
-        if onednn_int8_available(weight.device):
-            self.candidate_head = CandidateHead(row_codes, row_scales)
+        # plain greedy rows pick their candidates through oneDNN where it sums exactly (candidate_head.py)
+        self.candidate_head: CandidateHead | None = candidate_head.build(row_codes, row_scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] any float -> [..., N] bf16
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # [M, K]

@@ -3,17 +3,28 @@ top k alone, a row's bits independent of its batch, the same argmax as the full 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from rillet.core.quant.candidate_head import CandidateHead, onednn_int8_available
 from rillet.core.quant.int4 import Int8Weight, int4_supported
 
 pytestmark = pytest.mark.skipif(not int4_supported(), reason="no CPU int8 head kernel in this torch")
-needs_onednn = pytest.mark.skipif(not onednn_int8_available(torch.device("cpu")), reason="no oneDNN int8")
+ONEDNN = onednn_int8_available(torch.device("cpu"))
+needs_onednn = pytest.mark.skipif(not ONEDNN, reason="no oneDNN int8")
 
 
 def _head(n: int = 2048, k: int = 96, seed: int = 0) -> Int8Weight:
     return Int8Weight(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05)
+
+
+# the candidate pass runs here: oneDNN is there and sums exactly on this CPU (candidate_head.build's
+# probe, on a head of the default model's width, where a saturating kernel shows)
+EXACT_INT8 = int4_supported() and _head(4096, 576).candidate_head is not None
+needs_exact_int8 = pytest.mark.skipif(not EXACT_INT8, reason="no exact oneDNN int8 GEMM here")
 
 
 def _exact(head: Int8Weight, x: torch.Tensor) -> torch.Tensor:  # [M, N] float64: the Q8_0 weights' logits
@@ -21,9 +32,46 @@ def _exact(head: Int8Weight, x: torch.Tensor) -> torch.Tensor:  # [M, N] float64
     return x.double() @ w.t()
 
 
-@needs_onednn
-def test_the_candidate_head_runs_where_onednn_does() -> None:
+@pytest.mark.skipif(
+    not (ONEDNN and (torch.cpu._is_vnni_supported() or torch.cpu._is_amx_tile_supported()))
+    or "ONEDNN_MAX_CPU_ISA" in os.environ,  # oneDNN held below the CPU's own ISA
+    reason="no oneDNN int8, or no VNNI / AMX for it on this CPU",
+)
+def test_the_candidate_head_runs_where_the_cpu_sums_int8_exactly() -> None:
     assert _head().candidate_head is not None
+
+
+@needs_onednn
+def test_a_kernel_that_does_not_sum_exactly_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One logit of the probe off (as an int16-saturating kernel puts many): no candidate pass."""
+    real = CandidateHead.__call__
+
+    def saturating(self: CandidateHead, x: torch.Tensor) -> torch.Tensor:
+        y = real(self, x)
+        y[0, 5] -= 1.0
+        return y
+
+    monkeypatch.setattr(CandidateHead, "__call__", saturating)
+    head = _head()
+    assert head.candidate_head is None
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(head.candidate_logits(x).argmax(-1), head.refine(x, head(x).float()).argmax(-1))
+
+
+@pytest.mark.skipif(not (ONEDNN and torch.cpu._is_avx2_supported()), reason="no oneDNN int8 or no AVX2")
+def test_without_vnni_onednn_saturates_and_the_probe_refuses_it() -> None:
+    """oneDNN held to AVX2 (no VNNI: u8 x s8 pairs summed in int16) gets the head's logits wrong,
+    and the start-up probe sees it: the real kernel, in a process of its own."""
+    code = (
+        "import torch\n"
+        "from rillet.core.quant.int4 import Int8Weight\n"
+        "w = torch.randn(4096, 576, generator=torch.Generator().manual_seed(0)) * 0.05\n"
+        "print(Int8Weight(w).candidate_head is None)\n"
+    )
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"
 
 
 @pytest.mark.parametrize("onednn", [True, False])
@@ -32,7 +80,7 @@ def test_candidate_logits_are_the_exact_top_k_and_minus_inf_elsewhere(onednn: bo
     if not onednn:
         head.candidate_head = None  # the bf16 kernel picks them
     elif head.candidate_head is None:
-        pytest.skip("no oneDNN int8")
+        pytest.skip("no candidate pass on this CPU")
     x = torch.randn(7, 96, generator=torch.Generator().manual_seed(1))
     got = head.candidate_logits(x, k=8)
     exact = _exact(head, x)
@@ -43,7 +91,7 @@ def test_candidate_logits_are_the_exact_top_k_and_minus_inf_elsewhere(onednn: bo
     assert torch.equal(got.argmax(-1), head.refine(x, head(x).float()).argmax(-1))
 
 
-@needs_onednn
+@needs_exact_int8
 def test_a_rows_approximate_logits_are_the_same_bits_in_any_batch() -> None:
     """Each row is quantized on its own scale: its logits do not depend on the other rows, their
     count, or its place among them (the speculative verify step computes a run's positions in
@@ -60,7 +108,7 @@ def test_a_rows_approximate_logits_are_the_same_bits_in_any_batch() -> None:
     assert torch.equal(cand(x[perm]), alone[perm])
 
 
-@needs_onednn
+@needs_exact_int8
 def test_its_error_is_a_small_share_of_the_logits_range() -> None:
     """Per-row 8-bit activations on int8 weights: well inside the spread that candidates are picked
     from (the default model's head: ~0.12 mean error, bench/RESULTS.md)."""
