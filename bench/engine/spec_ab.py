@@ -11,8 +11,10 @@ it starts, from them), and `verify_rounds.ROUND`. "off" is a drafter that never 
 step a plain decode); "adaptive" variants size the lookup's drafts as a draft model's are
 (adaptive k, the policy before 2026-12-03), "match" ones by the matched suffix and `row_cost`;
 "full-head" ones give plain greedy rows the full int8 LM head instead of its candidate pass
-(core/quant/candidate_head.py), as before 2026-12-03's second session.
-Prompts: the server bench's grounded and chat sets, through the model's chat template, greedy,
+(core/quant/candidate_head.py), as before 2026-12-03's second session; "flat-prior" ones
+estimate a match length's acceptance over the flat Beta(1, 1) prior instead of the prior by match
+length (core/spec/draft_length.py), as before 2026-12-03 10:00.
+Prompts: the server bench's grounded and chat sets (`--prompts`: any of its sets), through the model's chat template, greedy,
 128 tokens max; at batch B they go B at a time. Reports per variant the best and median
 wall time of a set and tok/s, and the engine's peak RSS.
 
@@ -33,11 +35,12 @@ from rillet.core.llm import LLM
 from rillet.core.runner import verify_rounds
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import Seq
+from rillet.core.spec import draft_length
 from rillet.core.spec.drafter import Draft
 from rillet.core.spec.ngram import NgramDrafter
 
 from bench.lib.common import decode_path, peak_rss_mib, table, write_json
-from bench.serving.speculative import CHAT, GROUNDED
+from bench.serving.speculative import SETS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +51,7 @@ class Variant:
     row_cost: float = 0.1
     rows: int = verify_rounds.ROUND  # LM head rows per round
     full_head: bool = False  # plain greedy rows through the full int8 head, not its candidate pass
+    flat_prior: bool = False  # ByMatch's prior q = 1/2 for every match length (before 2026-12-03 10:00)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -62,7 +66,17 @@ VARIANTS: dict[str, Variant] = {
     "match-k8-one-round": Variant(8, rows=1_000),
     "off-full-head": Variant(0, full_head=True),
     "match-k8-full-head": Variant(8, full_head=True),
+    "match-k8-flat-prior": Variant(8, flat_prior=True),
+    "match-k12": Variant(12),
+    "match-k16": Variant(16),
 }
+
+
+def _flat_prior(match: int) -> float:
+    return 0.5
+
+
+PRIOR_Q = draft_length.prior_q
 
 
 class _NoDrafts(NgramDrafter):
@@ -86,6 +100,7 @@ def _use(llm: LLM, v: Variant, base: Any, candidates: Any) -> None:
     kind = _NoDrafts if v.k == 0 else _AdaptiveNgram if v.policy == "adaptive" else NgramDrafter
     spec.drafter = kind(v.ngram_min, base.ngram_max)
     verify_rounds.ROUND = v.rows
+    draft_length.prior_q = _flat_prior if v.flat_prior else PRIOR_Q
 
 
 def _ratio(off: list[float] | None, ws: list[float]) -> float | None:
@@ -98,6 +113,7 @@ def main() -> None:
         "--variants", nargs="+", default=["off", "adaptive-k4", "match-k8"], choices=list(VARIANTS)
     )
     ap.add_argument("--batch", nargs="+", type=int, default=[1])
+    ap.add_argument("--prompts", dest="sets_run", nargs="+", default=["grounded", "chat"], choices=list(SETS))
     ap.add_argument("--rounds", type=int, default=5, help="passes over the variants")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--set", dest="sets", action="append", default=[], help="config override k=v")
@@ -111,7 +127,7 @@ def main() -> None:
         f"speculative.max_batch={max(args.batch)}",
         *args.sets,
     ]
-    sets = {"grounded": GROUNDED, "chat": CHAT}
+    sets = {name: SETS[name] for name in args.sets_run}
     walls: dict[tuple[str, int, str], list[float]] = defaultdict(list)
     tokens: dict[tuple[str, int], int] = {}
     with LLM(overrides=over) as llm:

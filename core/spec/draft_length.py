@@ -9,12 +9,18 @@ accepted one. Per request the speculator asks its policy for the most tokens it 
   - `AdaptiveK` (adaptive.py), for drafters that pay per token (a draft model): k is decided
     before proposing, from how the request's last drafts went.
   - `ByMatch` here, for a lookup (the n-gram drafter), which proposes up to `num_tokens` for free:
-    per length of the matched suffix, the request estimates q, the chance that a drafted token is
-    accepted given that the ones before it were (a Beta(1, 1) prior: q = (accepted + 1) /
-    (accepted + refused + 2), counting each verify's refusal once, since nothing after it is
-    seen). The j-th token is kept while q^j, the chance that it is reached and accepted, is at
-    least `row_cost` (a verified row's cost as a fraction of a decode step): longer matches earn
-    longer drafts, a match length whose drafts are refused stops drafting. A match length that
+    per length n of the matched suffix, the request estimates q, the chance that a drafted token
+    is accepted given that the ones before it were: q = (accepted + W q0) / (accepted + refused +
+    W), counting each verify's refusal once, since nothing after it is seen, over a prior of W =
+    PRIOR_WEIGHT pseudo-counts with mean q0 = `prior_q(n)` = 1 - PRIOR_MISS / n. A longer match
+    predicts better before the request has seen any (measured on the default model's greedy
+    answers, bench/RESULTS.md 2026-12-03: q per n = 1 / 2 / 3 / 4 was 0.55-0.59 / 0.73-0.74 /
+    0.79-0.86 / 0.80-0.95 on grounded prompts, 0.18 / 0.47 / 0.67 / 0.78 in open chat), so a
+    4-token match's first draft is long and a 1-token match's short, where the flat Beta(1, 1)
+    prior of before (q0 = 1/2 for every n) drafted 3 tokens for both. The j-th token is kept
+    while q^j, the chance that it is reached and accepted, is at least `row_cost` (a verified
+    row's cost as a fraction of a decode step): longer matches earn longer drafts, a match
+    length whose drafts are refused stops drafting. A match length that
     no longer drafts forgets SKIP_DECAY of its counts each time it matches, so a request tries
     it again after a while (its text may have turned into a quote).
 """
@@ -26,6 +32,8 @@ from typing import Protocol
 from rillet.core.spec.drafter import Draft
 
 SKIP_DECAY = 0.9  # share of a silent match length's counts kept each time it matches
+PRIOR_WEIGHT = 2.0  # pseudo-counts of the prior (as many as Beta(1, 1)'s)
+PRIOR_MISS = 0.6  # prior_q(n) = 1 - PRIOR_MISS / n: 0.4, 0.7, 0.8, 0.85 for n = 1..4
 # speculative.row_cost by device when not set. CPU, int4 weights, measured (bench/RESULTS.md,
 # 2026-12-03): a verify step costs ~0.09 of a decode step more, plus ~0.06 per drafted token.
 # CUDA: not measured; a decode step there is memory-bound, so extra query rows cost little
@@ -37,6 +45,11 @@ def resolve_row_cost(configured: float | None, device_type: str) -> float:
     if configured is not None:
         return configured
     return CUDA_ROW_COST if device_type == "cuda" else CPU_ROW_COST
+
+
+def prior_q(match: int) -> float:
+    """The prior mean of q for drafts after a matched suffix of `match` tokens."""
+    return 1.0 - PRIOR_MISS / max(match, 1)
 
 
 class DraftLength(Protocol):
@@ -67,7 +80,7 @@ class ByMatch:
 
     def keep(self, draft: Draft) -> int:
         accepted, refused = self.stats.get(draft.match, (0.0, 0.0))
-        q = (accepted + 1.0) / (accepted + refused + 2.0)
+        q = (accepted + PRIOR_WEIGHT * prior_q(draft.match)) / (accepted + refused + PRIOR_WEIGHT)
         k, reach = 0, q
         while k < len(draft.tokens) and reach >= self.row_cost:
             k += 1

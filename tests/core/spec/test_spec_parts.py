@@ -13,7 +13,7 @@ from rillet.core.engine.scheduler import Scheduler
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import Seq
 from rillet.core.spec.adaptive import MIN_ACCEPTANCE, PAUSE_STEPS, WINDOW, AdaptiveK
-from rillet.core.spec.draft_length import CPU_ROW_COST, CUDA_ROW_COST, ByMatch, resolve_row_cost
+from rillet.core.spec.draft_length import CPU_ROW_COST, CUDA_ROW_COST, ByMatch, prior_q, resolve_row_cost
 from rillet.core.spec.drafter import Draft
 from rillet.core.spec.ngram import NgramDrafter
 from rillet.core.spec.speculator import Speculator
@@ -84,17 +84,20 @@ def speculator(**over: Any) -> Speculator:
 def test_by_match_drafts_what_pays_per_matched_suffix_length() -> None:
     b = ByMatch(8, 0.1)
     eight = list(range(8))
-    assert b.keep(Draft(eight, 4)) == 3  # prior q = 1/2: 1/8 >= 0.1 > 1/16
+    # prior q = 1 - 0.6 / n: a 4-token match drafts long before anything is seen (0.85^8 > 0.1),
+    # a 1-token match short (0.4^2 >= 0.1 > 0.4^3)
+    assert [b.keep(Draft(eight, n)) for n in (4, 3, 2, 1)] == [8, 8, 6, 2]
+    assert [prior_q(n) for n in (1, 2, 4)] == pytest.approx([0.4, 0.7, 0.85])
     for _ in range(6):
         b.keep(Draft(eight, 4))
-        b.observe(3, 3)  # 4-token matches are always right: q = 19/20, 0.95^8 > 0.1
+        b.observe(3, 3)  # 4-token matches are always right: q rises, 8 stay kept
     assert b.keep(Draft(eight, 4)) == 8
     assert b.keep(Draft(eight[:5], 4)) == 5  # never more than proposed
     kept = []
-    for _ in range(10):  # 1-token matches are always wrong: q = 1 / (refusals + 2)
+    for _ in range(8):  # 1-token matches are always wrong: q = 0.8 / (refusals + 2)
         kept.append(b.keep(Draft(eight, 1)))
         b.observe(kept[-1], 0)
-    assert kept == [3, 2, 1, 1, 1, 1, 1, 1, 1, 0]  # q = 1/11 < 0.1: it stopped drafting
+    assert kept == [2, 1, 1, 1, 1, 1, 1, 0]  # q = 0.8 / 9 < 0.1: it stopped drafting
     assert b.keep(Draft(eight, 4)) == 8  # the other match length is unaffected
     silent = 0
     while b.keep(Draft(eight, 1)) == 0:  # each silent match forgets a share of the refusals
