@@ -110,8 +110,8 @@ async def _stream(
         writer = await resp.prepare(request)
         direct = transport_write(writer)
         with keep_alive(stream, direct, front.ping, cfg.ping_interval_s):
-            ok = await pump_sse(stream, fmt, usage, resp.write, cfg, fmt.head(), direct)
-        await resp.write_eof()
+            ok = await pump_sse(stream, fmt, usage, resp.write, cfg, fmt.head(), direct, resp.write_eof)
+        await resp.write_eof()  # after a failure's error event (else already sent: a no-op)
     except ConnectionResetError:  # the client went away mid-stream (aiohttp raises a subclass)
         log.debug("client of %s disconnected mid-stream", stream.request_id)
         return resp, False

@@ -14,9 +14,9 @@ step a plain decode); "adaptive" variants size the lookup's drafts as a draft mo
 (core/quant/candidate_head.py), as before 2026-12-03's second session; "flat-prior" ones
 estimate a match length's acceptance over the flat Beta(1, 1) prior instead of the prior by match
 length (core/spec/draft_length.py), as before 2026-12-03 10:00.
-Prompts: the server bench's grounded and chat sets (`--prompts`: any of its sets), through the model's chat template, greedy,
-128 tokens max; at batch B they go B at a time. Reports per variant the best and median
-wall time of a set and tok/s, and the engine's peak RSS.
+Prompts: the server bench's grounded and chat sets (`--prompts`: any of its sets), through the
+model's chat template, greedy, 128 tokens max; at batch B they go B at a time. Reports per
+variant the best and median wall time of a set and tok/s, and the engine's peak RSS.
 
     .venv/bin/python -m bench.engine.spec_ab                              # batch 1, the variants below
     .venv/bin/python -m bench.engine.spec_ab --batch 2 4 --variants off adaptive-k4 match-k8

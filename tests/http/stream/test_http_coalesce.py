@@ -275,6 +275,39 @@ def test_direct_path_writes_without_waking_the_pump_and_the_end_goes_through_it(
     assert events[-1] == "[DONE]"
 
 
+def test_the_end_of_a_stream_is_one_call_of_end_and_a_failure_is_not() -> None:
+    """The server passes aiohttp's write_eof as `end`: the last tokens, the usage chunk and [DONE]
+    then leave with the chunked body's terminator in one send."""
+
+    async def scenario(last: FinishReason) -> tuple[list[bytes], list[bytes]]:
+        stream = RequestStream("r", 1)
+        pumped: list[bytes] = []
+        ended: list[bytes] = []
+
+        async def write(data: bytes) -> None:
+            pumped.append(data)
+
+        async def end(data: bytes) -> None:
+            ended.append(data)
+
+        fmt = ChunkFormat(True, "chatcmpl-x", 0, "m", 1, True, TokenTexts(FakeTokenizer()))
+        pump = pump_sse(stream, fmt, Usage([3], 1), write, StreamConfig(), fmt.role(), end=end)
+        task = asyncio.create_task(pump)
+        await settle()
+        _push(stream, delta("a"))
+        await settle()
+        _push(stream, delta("b", finish=last))
+        await asyncio.wait_for(task, 5)
+        return pumped, ended
+
+    pumped, ended = asyncio.run(scenario(FinishReason.LENGTH))
+    assert len(ended) == 1 and ended[0].endswith(b"data: [DONE]\n\n")
+    assert b'"content":"b"' in ended[0] and b'"usage"' in ended[0]
+    assert not any(b"[DONE]" in p for p in pumped)
+    pumped, ended = asyncio.run(scenario(FinishReason.ERROR))
+    assert ended == [] and b'"error"' in pumped[-1]  # the caller's write_eof closes the body after it
+
+
 def test_direct_path_is_off_with_a_gathering_delay_and_for_failures() -> None:
     async def scenario() -> tuple[list[bytes], list[bytes]]:
         stream = RequestStream("r", 2)
