@@ -30,9 +30,10 @@ EXAMPLE_BLOCKS = 4  # the build's KV pool: a saved step serves every pool size
 Say = Callable[[str], None]
 
 
-def compile_artifacts(cfg: RilletConfig, say: Say) -> list[str]:
-    """Builds the saved steps `rillet serve` with `cfg` would load; returns those built (each
-    already saved is kept and not built again). `say`: a progress line (a step started, built)."""
+def compile_artifacts(cfg: RilletConfig, say: Say, steps: Sequence[str] | None = None) -> list[str]:
+    """Builds the saved steps `rillet serve` with `cfg` would load (those named in `steps`, when
+    given); returns those built (each already saved is kept and not built again). `say`: a
+    progress line (a step started, built)."""
     import torch
     from rillet.core.attention.kv_cache import allocate_kv_cache, resolve_kv_dtype
     from rillet.core.build import load_model, max_blocks_per_seq, resolve_device
@@ -54,7 +55,7 @@ def compile_artifacts(cfg: RilletConfig, say: Say) -> list[str]:
     if graphs is None or graphs.compiled is None or graphs.compiled.plan is None:
         say(f"nothing to compile ahead: the decode step runs {graphs.mode if graphs else 'eager'} here")
         return []
-    built = graphs.build_artifacts(say)
+    built = graphs.build_artifacts(say, steps)
     say(f"built {len(built)} compiled step(s)" if built else "every compiled step is saved already")
     return built
 
@@ -93,6 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--child", action="store_true", required=True)
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--nice", type=int, default=0)
+    ap.add_argument("--steps", default="", help="comma-separated step names to build (default: all)")
     args = ap.parse_args(argv)
     os.nice(args.nice)  # before torch starts a thread: everything the child runs inherits it
     cfg = config_from_dict(json.loads(sys.stdin.read()))
@@ -105,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
 
-    compile_artifacts(cfg, say)
+    compile_artifacts(cfg, say, args.steps.split(",") if args.steps else None)
     return 0
 
 

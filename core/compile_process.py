@@ -45,7 +45,7 @@ class CompileProcess:
         logfile = self.logfile
         logfile.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "rillet.core.compile_ahead", "--child"]
-        cmd += ["--threads", str(self.threads), "--nice", str(CHILD_NICE)]
+        cmd += ["--threads", str(self.threads), "--nice", str(CHILD_NICE), "--steps", ",".join(graphs)]
         with logfile.open("w") as err, self._lock:
             if self._cancelled.is_set():
                 return

@@ -36,11 +36,12 @@ import logging
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import torch
 from rillet.graphs.aot.saved import AotPlan, Progress, SavedSteps
+from rillet.graphs.aot.step import SavedDecode
 from rillet.graphs.compile_modes import compile_decode, freezes, mark_batch_dynamic
 from rillet.graphs.compile_thread import (
     COMPILE_SWITCH_INTERVAL_S,
@@ -81,9 +82,11 @@ class CompiledDecode:
         with_batch_1: bool,
         verify: CompiledVerify | None = None,
         plan: AotPlan | None = None,
+        small_batch: int = 0,
     ) -> None:
         self.model = model
         self.plan = plan  # saved artifacts (graphs/aot/): loaded, or built and saved, before compiling
+        self.small_batch = small_batch  # saved steps: rows up to which the small-batch step runs
         self.verify = verify  # speculative decoding: compiled after the decode graphs
         self.device = device
         self.compile_mode = compile_mode
@@ -241,14 +244,32 @@ class CompiledDecode:
             self.ready_1 = self.with_batch_1  # one library serves every row count
             self.ready = True
             logger.info("decode step: compiled graph in use (saved artifact)")
+        self._add_small(steps, got.decode)
         return True
 
-    def build_artifacts(self, progress: Progress | None = None) -> list[str]:
-        """The missing saved steps, built in this process (see GraphRunner.build_artifacts)."""
+    def _add_small(self, steps: SavedSteps, general: SavedDecode) -> None:
+        """The small-batch step beside the general one once it is built (a first start builds it
+        last, while the general step already serves); a failure leaves the general step alone."""
+        try:
+            both = steps.with_small(general, self._example(), self._stopping)
+        except Exception as exc:
+            logger.warning(
+                "small-batch decode step off (%s): every batch takes the general step", summary(exc)
+            )
+            return
+        if both is not None:
+            self.fn = both  # one attribute write: the engine thread's next step takes it
+            logger.info("decode step: batches of up to %d rows take the small-batch step", both.rows)
+
+    def build_artifacts(
+        self, progress: Progress | None = None, names: Sequence[str] | None = None
+    ) -> list[str]:
+        """The missing saved steps (of `names`, else all), built in this process (see
+        GraphRunner.build_artifacts)."""
         steps = self._saved_steps(self.plan) if self.plan is not None else None
         if steps is None:
             raise RuntimeError("nothing is saved for this step (no plan, or a model that cannot be)")
-        missing = steps.missing()
+        missing = steps.missing([n for n in steps.keys if names is None or n in names])
         with torch.inference_mode():
             example = self.verify.example() if self.verify is not None else None
             steps.build(missing, self._example(), example, progress)
@@ -258,7 +279,14 @@ class CompiledDecode:
         model = cast(SavableModel, self.model)
         if model.graph_key() is None:
             return None
-        return SavedSteps(model, plan, self.compile_mode, self.freeze, verify=self.verify is not None)
+        return SavedSteps(
+            model,
+            plan,
+            self.compile_mode,
+            self.freeze,
+            verify=self.verify is not None,
+            small_rows=self.small_batch,
+        )
 
     def _example(self) -> DecodeBatch:
         return self._warm.padding(COMPILE_ROWS, COMPILE_WIDTH)

@@ -147,3 +147,6 @@ class GraphSettings(Protocol):
 
     @property
     def compile_mode(self) -> str: ...  # "auto" | "none" | torch.compile mode
+
+    @property
+    def small_batch(self) -> int: ...  # rows up to which the saved small-batch decode step runs

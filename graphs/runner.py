@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal, cast
 
@@ -121,6 +121,7 @@ class GraphRunner:
                 with_batch_1=self.buckets[0] == 1,
                 verify=self.verify_compiled,
                 plan=plan,
+                small_batch=settings.small_batch,
             )
         self.padded = self.use_graphs or pad_eager
         self.static: StaticBuffers | None = None
@@ -146,12 +147,15 @@ class GraphRunner:
         if self.compiled is not None:
             self.compiled.start(background)
 
-    def build_artifacts(self, progress: Progress | None = None) -> list[str]:
+    def build_artifacts(
+        self, progress: Progress | None = None, names: Sequence[str] | None = None
+    ) -> list[str]:
         """`rillet compile`: build and save, here and now, the artifacts that start_compile would
-        load; returns the steps built (those already saved are kept)."""
+        load (those of `names` only, when given); returns the steps built (those already saved
+        are kept)."""
         if self.compiled is None:
             raise RuntimeError(f"no compiled CPU step to build (decode mode: {self.mode})")
-        return self.compiled.build_artifacts(progress)
+        return self.compiled.build_artifacts(progress, names)
 
     def stop(self) -> None:
         """The engine is closing: no more background compiling (see CompiledDecode.stop)."""

@@ -56,6 +56,7 @@ class EngineConfig:
 
 
 MAX_SHORT_PREFILL = 4096
+MAX_SMALL_BATCH = 16
 
 
 @dataclass(frozen=True)
@@ -74,9 +75,21 @@ class GraphConfig:
     # multi-query step (the speculative verify step's graph, built for this even with speculation
     # off), not eager; 0: prefill is always eager
     short_prefill: int = 1024
+    # CPU, saved steps in an autotuned mode (max-autotune*): decode steps of at most this many rows
+    # run a second saved decode step whose GEMMs are aten's kernels (int4: a pass over the weights
+    # per 4 rows, dequantized in registers) instead of the autotuned picks, which the example's 2
+    # rows settle on Inductor's AMX template (flat in the rows: it dequantizes every weight to a
+    # bf16 buffer); measured on the default model, bench/RESULTS.md 2026-12-03: 8.93 -> 5.52 ms a
+    # batch-1 step, slower from 5 rows on. 0: one decode step for every row count
+    small_batch: int = 4
 
     def __post_init__(self) -> None:
         check(all(b >= 1 for b in self.buckets), "graphs.buckets", "every bucket must be >= 1")
+        check(
+            0 <= self.small_batch <= MAX_SMALL_BATCH,
+            "graphs.small_batch",
+            f"must be in 0..{MAX_SMALL_BATCH}, got {self.small_batch}",
+        )
         check(
             self.short_prefill == 0 or 2 <= self.short_prefill <= MAX_SHORT_PREFILL,
             "graphs.short_prefill",

@@ -103,13 +103,19 @@ def _export(step: nn.Module, args: list[torch.Tensor], shapes: list[dict[int, An
         return torch.export.export(step.eval(), tuple(args), dynamic_shapes=(tuple(shapes),), strict=False)
 
 
-def build_library(program: ExportedProgram, mode: str, weights_key: str | None, out_dir: Path) -> Path:
+def build_library(
+    program: ExportedProgram,
+    mode: str,
+    weights_key: str | None,
+    out_dir: Path,
+    gemm_backends: str | None = None,
+) -> Path:
     """build_package, then the one shared library inside it (kernels, wrapper and constants).
 
     Only the library is kept: loaded directly it takes ~0.3 s for the default model, where
     aoti_load_package first unpacks the 190 MB archive to a temporary folder, every time (6 s,
     measured on a busy host)."""
-    package = build_package(program, mode, weights_key, out_dir)
+    package = build_package(program, mode, weights_key, out_dir, gemm_backends)
     with zipfile.ZipFile(package) as zf:
         libs = [n for n in zf.namelist() if n.endswith(".so")]
         if len(libs) != 1:
@@ -121,12 +127,21 @@ def build_library(program: ExportedProgram, mode: str, weights_key: str | None, 
     return target
 
 
-def build_package(program: ExportedProgram, mode: str, weights_key: str | None, out_dir: Path) -> Path:
+def build_package(
+    program: ExportedProgram,
+    mode: str,
+    weights_key: str | None,
+    out_dir: Path,
+    gemm_backends: str | None = None,
+) -> Path:
     """AOTInductor-compiles `program` like torch.compile in `mode` (weights frozen when
-    `weights_key` is given) into a package under `out_dir`."""
+    `weights_key` is given) into a package under `out_dir`; `gemm_backends`: Inductor's
+    `max_autotune_gemm_backends` (e.g. "ATEN": aten's kernels only, no GEMM templates)."""
     import torch._inductor as inductor
 
     options: dict[str, Any] = dict(inductor.list_mode_options(mode)) if mode != "none" else {}
+    if gemm_backends is not None:
+        options["max_autotune_gemm_backends"] = gemm_backends
     path = Path(tempfile.mkdtemp(prefix="build-", dir=out_dir)) / "step.pt2"
     with frozen_weights(weights_key):
         built = inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=options)

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import torch
 from rillet.graphs.aot.export import build_library, export_decode, export_verify
 from rillet.graphs.aot.key import make_key
-from rillet.graphs.aot.step import SavedDecode, SavedVerify, agrees_with_eager, load_library
+from rillet.graphs.aot.step import ByRows, SavedDecode, SavedVerify, agrees_with_eager, load_library
 from rillet.graphs.aot.store import ArtifactStore
 from rillet.graphs.interface import DecodeBatch, SavableModel, VerifyBatch
 
@@ -29,6 +29,10 @@ logger = logging.getLogger(__name__)
 
 DECODE = "decode"
 VERIFY = "verify"  # one step for every Q (graphs/aot/export.py)
+# the decode step again with aten's GEMM kernels, for batches of few rows (graphs.small_batch):
+# built only in autotuned modes, whose GEMM templates it leaves out
+DECODE_SMALL = "decode-small"
+SMALL_GEMMS = "ATEN"
 Progress = Callable[[str], None]
 
 
@@ -54,7 +58,8 @@ class Obtained:
 
 
 class SavedSteps:
-    """The decode step (and the verify step, when `verify`) of `model` as artifacts."""
+    """The decode step (and the verify step, when `verify`; the small-batch decode step, when
+    `small_rows` and the mode autotunes GEMMs) of `model` as artifacts."""
 
     def __init__(
         self,
@@ -63,18 +68,26 @@ class SavedSteps:
         mode: str,
         freeze: bool,
         verify: bool = False,
+        small_rows: int = 0,
     ) -> None:
         code = model.graph_key()
         if code is None:
             raise ValueError("this model's steps cannot be saved")
         self.model, self.plan, self.mode, self.freeze = model, plan, mode, freeze
         self.weights_key = model.weights_key()  # ~0.1 s per 100 MB of weights
-        names = [DECODE] + ([VERIFY] if verify else [])
+        self.small_rows = small_rows if mode.startswith("max-autotune") else 0
+        names = [DECODE] + ([VERIFY] if verify else []) + ([DECODE_SMALL] if self.small_rows else [])
         mode_field = f"{mode}{'+frozen' if freeze else ''}"
-        self.keys = {n: make_key(n, self.weights_key, code, mode_field) for n in names}
+        self.keys = {
+            n: make_key(
+                n, self.weights_key, code, mode_field + (f"+{SMALL_GEMMS}" if n == DECODE_SMALL else "")
+            )
+            for n in names
+        }
 
-    def missing(self) -> list[str]:
-        return [n for n, key in self.keys.items() if self.plan.store.find(key) is None]
+    def missing(self, names: Sequence[str] | None = None) -> list[str]:
+        wanted = self.keys if names is None else names
+        return [n for n in wanted if self.plan.store.find(self.keys[n]) is None]
 
     def build(
         self,
@@ -89,7 +102,7 @@ class SavedSteps:
         for i, name in enumerate(names, 1):
             say(f"compiling the {name} step ({i}/{len(names)}, AOTInductor, mode {self.mode})")
             start = time.perf_counter()
-            if name == DECODE:
+            if name in (DECODE, DECODE_SMALL):
                 program = export_decode(self.model, decode_example)
             else:
                 assert verify_example is not None, "a verify step needs a verify example"
@@ -97,7 +110,8 @@ class SavedSteps:
             store.root.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(prefix=".build-", dir=store.root) as tmp:
                 frozen = self.weights_key if self.freeze else None
-                library = build_library(program, self.mode, frozen, Path(tmp))
+                gemms = SMALL_GEMMS if name == DECODE_SMALL else None
+                library = build_library(program, self.mode, frozen, Path(tmp), gemms)
                 seconds = time.perf_counter() - start
                 path = store.save(self.keys[name], library, seconds)
             say(f"built the {name} step in {seconds:.1f} s: {path}")
@@ -105,17 +119,14 @@ class SavedSteps:
     def obtain(
         self, decode_example: DecodeBatch, verify_example: VerifyBatch | None, stopping: Event
     ) -> Obtained | None:
-        """Every step loaded: those missing built first (by the plan's builder, else here).
-        None when `stopping` was set meanwhile (the engine is closing: nothing is loaded)."""
+        """The decode and verify steps loaded: those missing built first (by the plan's builder,
+        else here). None when `stopping` was set meanwhile (the engine is closing: nothing is
+        loaded). The small-batch step comes after, from `with_small`."""
         seconds: dict[str, float] = {}
         start = time.perf_counter()
-        missing = self.missing()
-        builder = self.plan.builder
-        if missing and builder is not None:
-            logger.info("building compiled steps %s in a background process (niced)", ", ".join(missing))
-            builder.build(missing)
-        elif missing:
-            self.build(missing, decode_example, verify_example)
+        missing = self._build_missing(
+            [n for n in self.keys if n != DECODE_SMALL], decode_example, verify_example
+        )
         if stopping.is_set():
             return None
         seconds["build" if missing else "lookup"] = time.perf_counter() - start
@@ -127,10 +138,32 @@ class SavedSteps:
         seconds["load"] = time.perf_counter() - start
         return Obtained(decode, verify, seconds)
 
-    def load_decode(self, example: DecodeBatch) -> SavedDecode:
-        runner = self._load(DECODE)
+    def with_small(self, general: SavedDecode, example: DecodeBatch, stopping: Event) -> ByRows | None:
+        """`general` beside the small-batch step (built first if missing), or None: no small-batch
+        step for this mode or config, or the engine is closing."""
+        if not self.small_rows:
+            return None
+        self._build_missing([DECODE_SMALL], example, None)
+        if stopping.is_set():
+            return None
+        return ByRows(self.load_decode(example, DECODE_SMALL), general, self.small_rows)
+
+    def _build_missing(
+        self, names: Sequence[str], decode_example: DecodeBatch, verify_example: VerifyBatch | None
+    ) -> list[str]:
+        missing = self.missing(names)
+        builder = self.plan.builder
+        if missing and builder is not None:
+            logger.info("building compiled steps %s in a background process (niced)", ", ".join(missing))
+            builder.build(missing)
+        elif missing:
+            self.build(missing, decode_example, verify_example)
+        return missing
+
+    def load_decode(self, example: DecodeBatch, name: str = DECODE) -> SavedDecode:
+        runner = self._load(name)
         step = SavedDecode(runner, self.model.step_state())
-        self._check(DECODE, step(example), self.model.forward_decode_with(example, step.state))
+        self._check(name, step(example), self.model.forward_decode_with(example, step.state))
         return step
 
     def load_verify(self, name: str, example: VerifyBatch) -> SavedVerify:

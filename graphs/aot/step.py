@@ -59,6 +59,20 @@ class SavedDecode:
         return _one(self.runner(*decode_inputs(batch, self.state)))
 
 
+class ByRows:
+    """A decode batch of at most `rows` rows through `small`, a larger one through `general`:
+    the small-batch step (graphs/aot/saved.py DECODE_SMALL) beside the general one."""
+
+    def __init__(self, small: SavedDecode, general: SavedDecode, rows: int) -> None:
+        self.small = small
+        self.general = general
+        self.rows = rows
+
+    def __call__(self, batch: DecodeBatch) -> torch.Tensor:
+        step = self.small if batch.num_rows <= self.rows else self.general
+        return step(batch)
+
+
 class SavedVerify:
     """A VerifyBatch -> hidden states [n * Q, H], like CompiledVerify.fn."""
 
