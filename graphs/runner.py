@@ -28,12 +28,13 @@ from typing import Any, Literal, cast
 
 import torch
 from rillet.graphs.aot.saved import AotPlan, Progress
+from rillet.graphs.aot.step import ByRows
 from rillet.graphs.buckets import resolve_buckets, select_bucket
 from rillet.graphs.compile_modes import compile_decode, mark_batch_dynamic
 from rillet.graphs.compiled import MIN_WIDTH, CompiledDecode
 from rillet.graphs.interface import DecodeBatch, DecodeModel, GraphSettings, VerifyBatch, VerifyModel
 from rillet.graphs.static_buffers import StaticBuffers
-from rillet.graphs.verify import CompiledVerify, VerifyBuffers, mark_verify_dynamic
+from rillet.graphs.verify import CompiledVerify, VerifyBuffers, as_decode_rows, mark_verify_dynamic
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +134,7 @@ class GraphRunner:
         self._verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._verify_outputs: dict[int, torch.Tensor] = {}
         self.num_verify_runs = 0  # verify steps through a graph (captured or compiled)
+        self.num_verify_as_decode = 0  # of those, run as decode rows (the small-batch step)
         self.num_replays = 0  # CUDA graph replays, and calls of the compiled CPU step
         self.num_padded_eager = 0
         self.num_eager = 0
@@ -237,6 +239,10 @@ class GraphRunner:
         b, q = batch.num_rows, batch.num_queries
         vmodel = cast(VerifyModel, self.model)
         self.num_verify_runs += 1
+        rows = self._small_decode_rows()
+        if b * q <= rows:  # as decode rows through the small-batch step: cheaper (graphs.small_batch)
+            self.num_verify_as_decode += 1
+            return self._run_compiled(as_decode_rows(batch), b * q)
         if self.verify_compiled is not None:
             rows = self.verify_compiled.rows_for(b)
             width = min(max(batch.block_tables.shape[1], MIN_WIDTH), self.verify_static.max_blocks_per_seq)
@@ -249,6 +255,16 @@ class GraphRunner:
         vmodel.prepare_verify(self.verify_static.fill(batch, bucket))
         self._verify_graphs[bucket].replay()
         return self._verify_outputs[bucket][: b * q]
+
+    def _small_decode_rows(self) -> int:
+        """Query rows up to which a verify step runs as decode rows through the saved small-batch
+        step (0: none is in use). Its int4 GEMMs cost per block of 4 rows where the verify step's
+        autotuned ones are flat in the rows: on the default model 6.0 / 7.4 / 8.2 ms for 2 / 3 /
+        4 rows against ~10 for the verify step (bench/RESULTS.md 2026-12-03)."""
+        compiled = self.compiled
+        if compiled is None or not compiled.ready or not isinstance(compiled.fn, ByRows):
+            return 0
+        return min(compiled.fn.rows, self.buckets[-1])
 
     def _capture_verify(self, fn: Callable[[VerifyBatch], torch.Tensor], rows: int, pool: Any) -> None:
         assert self.verify_static is not None

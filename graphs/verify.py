@@ -26,6 +26,7 @@ from rillet.graphs.interface import (
     PAD_SEQ_LEN,
     PAD_SLOT,
     PAD_TOKEN_ID,
+    DecodeBatch,
     VerifyBatch,
     VerifyModel,
 )
@@ -128,6 +129,29 @@ class VerifyBuffers:
         self.seq_lens[start:stop].fill_(PAD_SEQ_LEN)
         self.query_lens[start:stop].fill_(1)
         self.block_tables[start * width : stop * width].fill_(PAD_BLOCK)
+
+
+def as_decode_rows(batch: VerifyBatch) -> DecodeBatch:
+    """The verify batch as n * Q decode rows, query by query: query i of a row becomes a decode row
+    at its position, over the row's block table, with the context up to and including itself.
+    Same outputs, in the same order: a decode step writes every row's K/V before any row attends
+    (core/attention/torch_backend.py), so a query sees the drafts before it as a verify step's
+    causal mask lets it. Padding queries stay padding (position 0, slot 0: a context of 1)."""
+    q = batch.num_queries
+    n = batch.num_rows * q
+    positions = batch.positions.reshape(n)
+    seq_lens_cpu: list[int] = []
+    for seq_len, real in zip(batch.seq_lens_cpu, batch.query_lens_cpu, strict=True):
+        seq_lens_cpu += [seq_len - real + i + 1 for i in range(real)] + [1] * (q - real)
+    return DecodeBatch(
+        input_ids=batch.input_ids.reshape(n),
+        positions=positions,
+        slot_mapping=batch.slot_mapping.reshape(n),
+        seq_lens=(positions + 1).to(torch.int32),
+        block_tables=batch.block_tables.repeat_interleave(q, dim=0),
+        query_start=torch.arange(n + 1, dtype=torch.int32, device=positions.device),
+        seq_lens_cpu=seq_lens_cpu,
+    )
 
 
 def mark_verify_dynamic(

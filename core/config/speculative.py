@@ -26,7 +26,7 @@ class SpeculativeConfig:
     ngram_max: int = 4  # longest suffix looked up, tried first (ngram)
     # ngram: what one more drafted token costs the verify step, as a fraction of a decode step; a
     # draft token is kept while the chance that it and all before it are accepted is at least
-    # this (core/spec/draft_length.py); 0 keeps every proposed token. None: by device, 0.1 on CPU
+    # this (core/spec/draft_length.py); 0 keeps every proposed token. None: by device, 0.2 on CPU
     # (measured with int4 weights, bench/RESULTS.md 2026-12-03), 0.02 on CUDA (not measured: a
     # memory-bound step's extra query rows cost little)
     row_cost: float | None = None

@@ -35,9 +35,12 @@ SKIP_DECAY = 0.9  # share of a silent match length's counts kept each time it ma
 PRIOR_WEIGHT = 2.0  # pseudo-counts of the prior (as many as Beta(1, 1)'s)
 PRIOR_MISS = 0.6  # prior_q(n) = 1 - PRIOR_MISS / n: 0.4, 0.7, 0.8, 0.85 for n = 1..4
 # speculative.row_cost by device when not set. CPU, int4 weights, measured (bench/RESULTS.md,
-# 2026-12-03): a verify step costs ~0.09 of a decode step more, plus ~0.06 per drafted token.
+# 2026-12-03): with the small-batch decode step (graphs.small_batch) a batch-1 decode step costs
+# 5.3 ms and a verify step as 2 / 3 / 4 decode rows 6.0 / 7.4 / 8.2 ms (+0.14-0.19 a row); at 0.1
+# n-gram drafts cost open chat 7 % (0.933 of spec off), at 0.2 1 % (0.99). Before that step a
+# verify step cost ~0.09 of a decode step more plus ~0.06 a drafted token, and 0.1 paid.
 # CUDA: not measured; a decode step there is memory-bound, so extra query rows cost little
-CPU_ROW_COST = 0.1
+CPU_ROW_COST = 0.2
 CUDA_ROW_COST = 0.02
 
 

@@ -2,7 +2,7 @@
 tokens as the eager verify step, in the whole engine, on a tiny model: batches of 1 (its own
 graph: one row, no padding row), 3 and 4 rows, drafts of every length up to k (each step padded to
 its longest row, Q dynamic), no graph break, and no compile after the two verify graphs; over the
-default KV pool and an int8 one."""
+default KV pool and an int8 one. Also verify steps run as decode rows (the small-batch step's way)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from rillet.core.config import config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.runner.model_runner import ModelRunner
 from rillet.core.sampling_params import SamplingParams
+from rillet.graphs.aot.step import ByRows
 from torch._dynamo.utils import counters
 
 pytestmark = pytest.mark.compiled
@@ -70,4 +71,14 @@ def test_compiled_verify_matches_eager(tiny_hf_model: Any, kv_dtype: str) -> Non
         assert len({q for _, q in shapes}) > 1 and all(2 <= q <= 4 for _, q in shapes)  # Q per step
         spec = llm.engine.core.spec
         assert spec is not None and spec.stats.accepted > 0
+        llm.engine.core.blocks.check_integrity()
+        # With a small-batch decode step in use (graphs.small_batch, saved steps only) a verify
+        # step of at most its rows x queries runs as decode rows through it (graphs/verify.py
+        # as_decode_rows): the compiled decode function stands in for both steps here
+        decode = gr.compiled.fn
+        gr.compiled.fn = ByRows(decode, decode, 4)  # type: ignore[arg-type]
+        expanded = gr.num_verify_as_decode
+        for n in (1, 3):
+            assert generate(n, compiled=True) == generate(n, compiled=False), n
+        assert gr.num_verify_as_decode > expanded
         llm.engine.core.blocks.check_integrity()
