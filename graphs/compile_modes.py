@@ -57,9 +57,14 @@ def resolve_compile_mode(requested: str, device: torch.device, int4_weights: boo
     return "default", "auto"
 
 
+def autotunes_gemms(mode: str) -> bool:
+    """Whether a compile in `mode` picks its GEMM kernels among Inductor's templates and aten's."""
+    return mode.startswith("max-autotune")
+
+
 def freezes(mode: str, device: torch.device) -> bool:
     """Whether a compile in `mode` on `device` freezes the weights (see the module docstring)."""
-    return device.type == "cpu" and mode.startswith("max-autotune")
+    return device.type == "cpu" and autotunes_gemms(mode)
 
 
 def compile_decode(fn: StepFn, mode: str) -> StepFn:

@@ -239,8 +239,7 @@ class GraphRunner:
         b, q = batch.num_rows, batch.num_queries
         vmodel = cast(VerifyModel, self.model)
         self.num_verify_runs += 1
-        rows = self._small_decode_rows()
-        if b * q <= rows:  # as decode rows through the small-batch step: cheaper (graphs.small_batch)
+        if b * q <= self._small_decode_rows():  # as decode rows, through the small-batch step
             self.num_verify_as_decode += 1
             return self._run_compiled(as_decode_rows(batch), b * q)
         if self.verify_compiled is not None:

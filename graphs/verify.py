@@ -136,13 +136,13 @@ def as_decode_rows(batch: VerifyBatch) -> DecodeBatch:
     at its position, over the row's block table, with the context up to and including itself.
     Same outputs, in the same order: a decode step writes every row's K/V before any row attends
     (core/attention/torch_backend.py), so a query sees the drafts before it as a verify step's
-    causal mask lets it. Padding queries stay padding (position 0, slot 0: a context of 1)."""
+    causal mask lets it. Padding queries stay padding (PAD_POSITION, PAD_SLOT: a context of 1)."""
     q = batch.num_queries
     n = batch.num_rows * q
     positions = batch.positions.reshape(n)
     seq_lens_cpu: list[int] = []
     for seq_len, real in zip(batch.seq_lens_cpu, batch.query_lens_cpu, strict=True):
-        seq_lens_cpu += [seq_len - real + i + 1 for i in range(real)] + [1] * (q - real)
+        seq_lens_cpu += [seq_len - real + i + 1 for i in range(real)] + [PAD_POSITION + 1] * (q - real)
     return DecodeBatch(
         input_ids=batch.input_ids.reshape(n),
         positions=positions,

@@ -23,6 +23,7 @@ from rillet.graphs.aot.export import build_library, export_decode, export_verify
 from rillet.graphs.aot.key import make_key
 from rillet.graphs.aot.step import ByRows, SavedDecode, SavedVerify, agrees_with_eager, load_library
 from rillet.graphs.aot.store import ArtifactStore
+from rillet.graphs.compile_modes import autotunes_gemms
 from rillet.graphs.interface import DecodeBatch, SavableModel, VerifyBatch
 
 logger = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ VERIFY = "verify"  # one step for every Q (graphs/aot/export.py)
 # the decode step again with aten's GEMM kernels, for batches of few rows (graphs.small_batch):
 # built only in autotuned modes, whose GEMM templates it leaves out
 DECODE_SMALL = "decode-small"
-SMALL_GEMMS = "ATEN"
+GEMM_BACKENDS = {DECODE_SMALL: "ATEN"}  # Inductor's max_autotune_gemm_backends of a step, if set
 Progress = Callable[[str], None]
 
 
@@ -57,6 +58,13 @@ class Obtained:
     seconds: dict[str, float]  # "build" (or "lookup" when nothing was missing), "load"
 
 
+def _gemms_field(name: str) -> str:
+    """The key's mark of a step built with its own GEMM backends (none for the others: their keys
+    are those of before GEMM_BACKENDS)."""
+    backends = GEMM_BACKENDS.get(name)
+    return f"+{backends}" if backends else ""
+
+
 class SavedSteps:
     """The decode step (and the verify step, when `verify`; the small-batch decode step, when
     `small_rows` and the mode autotunes GEMMs) of `model` as artifacts."""
@@ -75,15 +83,10 @@ class SavedSteps:
             raise ValueError("this model's steps cannot be saved")
         self.model, self.plan, self.mode, self.freeze = model, plan, mode, freeze
         self.weights_key = model.weights_key()  # ~0.1 s per 100 MB of weights
-        self.small_rows = small_rows if mode.startswith("max-autotune") else 0
+        self.small_rows = small_rows if autotunes_gemms(mode) else 0
         names = [DECODE] + ([VERIFY] if verify else []) + ([DECODE_SMALL] if self.small_rows else [])
         mode_field = f"{mode}{'+frozen' if freeze else ''}"
-        self.keys = {
-            n: make_key(
-                n, self.weights_key, code, mode_field + (f"+{SMALL_GEMMS}" if n == DECODE_SMALL else "")
-            )
-            for n in names
-        }
+        self.keys = {n: make_key(n, self.weights_key, code, mode_field + _gemms_field(n)) for n in names}
 
     def missing(self, names: Sequence[str] | None = None) -> list[str]:
         wanted = self.keys if names is None else names
@@ -110,8 +113,7 @@ class SavedSteps:
             store.root.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(prefix=".build-", dir=store.root) as tmp:
                 frozen = self.weights_key if self.freeze else None
-                gemms = SMALL_GEMMS if name == DECODE_SMALL else None
-                library = build_library(program, self.mode, frozen, Path(tmp), gemms)
+                library = build_library(program, self.mode, frozen, Path(tmp), GEMM_BACKENDS.get(name))
                 seconds = time.perf_counter() - start
                 path = store.save(self.keys[name], library, seconds)
             say(f"built the {name} step in {seconds:.1f} s: {path}")
