@@ -149,4 +149,4 @@ class GraphSettings(Protocol):
     def compile_mode(self) -> str: ...  # "auto" | "none" | torch.compile mode
 
     @property
-    def small_batch(self) -> int: ...  # rows up to which the saved small-batch decode step runs
+    def small_batch(self) -> int | str: ...  # rows up to which the saved small-batch step runs, or auto

@@ -28,7 +28,7 @@ from typing import Any, Literal, cast
 
 import torch
 from rillet.graphs.aot.saved import AotPlan, Progress
-from rillet.graphs.aot.step import ByRows
+from rillet.graphs.aot.step import ByRows, small_batch_rows
 from rillet.graphs.buckets import resolve_buckets, select_bucket
 from rillet.graphs.compile_modes import compile_decode, mark_batch_dynamic
 from rillet.graphs.compiled import MIN_WIDTH, CompiledDecode
@@ -122,7 +122,7 @@ class GraphRunner:
                 with_batch_1=self.buckets[0] == 1,
                 verify=self.verify_compiled,
                 plan=plan,
-                small_batch=settings.small_batch,
+                small_batch=small_batch_rows(settings.small_batch),
             )
         self.padded = self.use_graphs or pad_eager
         self.static: StaticBuffers | None = None

@@ -80,15 +80,16 @@ class GraphConfig:
     # per 4 rows, dequantized in registers) instead of the autotuned picks, which the example's 2
     # rows settle on Inductor's AMX template (flat in the rows: it dequantizes every weight to a
     # bf16 buffer); measured on the default model, bench/RESULTS.md 2026-12-03: 8.93 -> 5.52 ms a
-    # batch-1 step, slower from 5 rows on. 0: one decode step for every row count
-    small_batch: int = 4
+    # batch-1 step, slower from 5 rows on. 0: one decode step for every row count; auto: 4 where
+    # the CPU has AMX, else 0 (graphs/aot/step.py small_batch_rows)
+    small_batch: int | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
         check(all(b >= 1 for b in self.buckets), "graphs.buckets", "every bucket must be >= 1")
         check(
-            0 <= self.small_batch <= MAX_SMALL_BATCH,
+            self.small_batch == "auto" or 0 <= self.small_batch <= MAX_SMALL_BATCH,
             "graphs.small_batch",
-            f"must be in 0..{MAX_SMALL_BATCH}, got {self.small_batch}",
+            f"must be auto or in 0..{MAX_SMALL_BATCH}, got {self.small_batch}",
         )
         check(
             self.short_prefill == 0 or 2 <= self.short_prefill <= MAX_SHORT_PREFILL,

@@ -59,6 +59,20 @@ class SavedDecode:
         return _one(self.runner(*decode_inputs(batch, self.state)))
 
 
+AUTO_SMALL_BATCH = 4  # graphs.small_batch auto's rows where the CPU has AMX
+
+
+def small_batch_rows(setting: int | str) -> int:
+    """graphs.small_batch resolved. auto: 4 rows where the CPU has AMX tiles, whose int4 template
+    the autotuned steps settle on (flat in the rows; aten's kernel 1.3x faster at one row); else 0:
+    on an AVX-512 CPU without AMX Inductor's weight-only int4 template and aten's kernel measured
+    alike at 1-8 rows (bench.engine.step_rows, bench/RESULTS.md 2026-12-03), and a second step
+    would only cost its build, its 187 MB on disk and ~340 MiB of RSS."""
+    if setting != "auto":
+        return int(setting)
+    return AUTO_SMALL_BATCH if torch.cpu._is_amx_tile_supported() else 0
+
+
 class ByRows:
     """A decode batch of at most `rows` rows through `small`, a larger one through `general`:
     the small-batch step (graphs/aot/saved.py DECODE_SMALL) beside the general one."""

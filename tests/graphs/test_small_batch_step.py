@@ -13,7 +13,7 @@ from rillet.core.llm import LLM
 from rillet.core.runner.model_runner import ModelRunner
 from rillet.core.sampling_params import SamplingParams
 from rillet.graphs.aot.saved import DECODE, DECODE_SMALL, VERIFY, AotPlan, SavedSteps
-from rillet.graphs.aot.step import ByRows
+from rillet.graphs.aot.step import AUTO_SMALL_BATCH, ByRows, small_batch_rows
 from rillet.graphs.aot.store import ArtifactStore
 from rillet.graphs.interface import DecodeBatch
 
@@ -76,7 +76,15 @@ def test_a_bad_small_batch_names_the_key() -> None:
         with pytest.raises(ConfigError) as err:
             config_from_dict({"graphs": {"small_batch": bad}})
         assert err.value.key == "graphs.small_batch"
-    assert config_from_dict({}).graphs.small_batch == 4
+    assert config_from_dict({}).graphs.small_batch == "auto"
+    assert config_from_dict({"graphs": {"small_batch": 3}}).graphs.small_batch == 3
+
+
+def test_auto_takes_the_small_batch_step_where_the_cpu_has_amx(monkeypatch: pytest.MonkeyPatch) -> None:
+    for amx, rows in ((True, AUTO_SMALL_BATCH), (False, 0)):
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx)
+        assert small_batch_rows("auto") == rows
+        assert small_batch_rows(2) == 2  # a number is kept on any CPU
 
 
 def test_saved_small_batch_step_gives_the_eager_tokens(tiny_hf_model: Any, tmp_path: Path) -> None:
