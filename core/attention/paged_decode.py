@@ -10,8 +10,9 @@ dummy block 0 (slot 0, context length 1) and is masked by its length like any ot
 past a row's context are masked the same way, so W may be any width that covers the longest
 context in the step (the full `max_blocks_per_seq` for a CUDA graph, trimmed on CPU).
 
-Compiled, the attention is torch's SDPA over the gathered contexts, or (soft-capped scores, which
-SDPA cannot cap) two reductions Inductor fuses the block gather into; eager, batched matmuls.
+Compiled, the attention is two batched GEMMs a kv head over the gathered contexts on CPU, torch's
+SDPA over them on CUDA, or (soft-capped scores) two reductions Inductor fuses the block gather
+into; eager, batched matmuls.
 Per-layer options are Python constants of the traced code: a sliding `window` adds
 `position >= seq_len - window` to the mask, `softcap` caps the scores (cap * tanh(s / cap)) before
 it. Neither branches on a tensor's value. An int8 pool's `scales` are read beside the codes and
@@ -57,7 +58,7 @@ def paged_decode_attention(
     if rotated(scales):  # an int8 pool holds K/V rotated: attend in its space (kv_cache.py)
         q = rotate(q)
     if torch.compiler.is_compiling():
-        attend = _attend_fused if softcap is not None else _attend_sdpa
+        attend = _attend_fused if softcap is not None else _attend_gathered
     else:
         attend = _attend_matmul
     o = attend(q, k_cache, v_cache, meta, scale, window, softcap, scales)
@@ -133,7 +134,7 @@ def _attend_matmul(
     return o.reshape(b, q.shape[1], d)
 
 
-def _attend_sdpa(
+def _attend_gathered(
     q: torch.Tensor,  # [B, Hq, D]
     k_cache: torch.Tensor,  # [N, bs, Hkv, D]
     v_cache: torch.Tensor,
@@ -143,17 +144,68 @@ def _attend_sdpa(
     softcap: float | None,
     scales: Scales | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
-    """Compiled: the valid keys as a mask (a row always has one: seq_lens >= 1). Faster than the
-    reductions above once contexts grow (the default model's step at 1,024 / 2,048 cached tokens
-    21.4 / 34.9 -> 17.5 / 28.7 ms, bench/RESULTS.md), and the same kernel as the compiled verify step's
-    (paged_verify.py), so a verify row and a decode step round alike."""
+    """Compiled: the valid keys as a mask (a row always has one: seq_lens >= 1), through
+    attend_over_blocks as the compiled verify step's (paged_verify.py), so a verify row and a
+    decode step take the same kernels. Faster than the reductions above once contexts grow."""
     b, w = meta.block_tables.shape
     d = k_cache.shape[3]
     s = w * k_cache.shape[1]
     valid = _valid(torch.arange(s, device=q.device)[None, :], meta.seq_lens[:, None], window)  # [B, S]
     qh = q.view(b, q.shape[1], 1, d)  # [B, Hq, 1, D]
-    o = sdpa_over_blocks(qh, k_cache, v_cache, scales, meta.block_tables, valid[:, None, None, :], scale)
-    return o.reshape(b, q.shape[1], d)
+    o = attend_over_blocks(qh, k_cache, v_cache, scales, meta.block_tables, valid[:, None, None, :], scale)
+    return o.view(b, q.shape[1], d)  # [B, 1, Hq, D] -> [B, Hq, D]
+
+
+def attend_over_blocks(
+    qh: torch.Tensor,  # [B, Hq, Q, D]
+    k_cache: torch.Tensor,  # [N, bs, Hkv, D]
+    v_cache: torch.Tensor,
+    scales: Scales | None,
+    block_tables: torch.Tensor,  # [B, W]
+    visible: torch.Tensor,  # [B, 1, Q, W * bs] bool: no query without a visible key
+    scale: float,
+) -> torch.Tensor:  # [B, Q, Hq, D] contiguous
+    """Each row's blocks gathered (dequantized) head-major and attended, the query heads grouped
+    over the KV heads: the compiled decode and verify steps. On CPU two batched GEMMs a kv head
+    (`gemms_over_blocks`), on CUDA torch's fused attention; q's device is a constant of the traced
+    code."""
+    over = sdpa_over_blocks if qh.is_cuda else gemms_over_blocks
+    return over(qh, k_cache, v_cache, scales, block_tables, visible, scale)
+
+
+def gemms_over_blocks(
+    qh: torch.Tensor,  # [B, Hq, Q, D]
+    k_cache: torch.Tensor,  # [N, bs, Hkv, D]
+    v_cache: torch.Tensor,
+    scales: Scales | None,
+    block_tables: torch.Tensor,  # [B, W]
+    visible: torch.Tensor,  # [B, 1, Q, S] bool
+    scale: float,
+) -> torch.Tensor:  # [B, Q, Hq, D] contiguous
+    """A kv head's G x Q queries as the rows of two batched GEMMs over its contiguous context
+    (the gather, dequantization and transpose are one pass Inductor fuses). torch's SDPA over the
+    same context (its CPU flash kernel, blocked for many queries) cost more in the default model's
+    saved steps (bench.engine.step_rows, two ABAB runs, AMD EPYC, 2026-12-03): 8 decode rows at 256
+    / 1,024 cached tokens 18.2-18.9 / 29.7-50.5 ms against 13.3-15.3 / 22.8-38.2, a 2-query verify
+    row 8.1-8.6 / 9.8-15.1 against 5.2-5.5 / 7.6-10.3; one decode row about the same. Scores are
+    rounded to the cache dtype, as eager's (_attend_matmul) are; the softmax runs in float32. They
+    are materialised: [B, Hkv, G * Q, S] float32, 75 MB a layer for a 1,024-token prefill over
+    2,048 cached tokens (graphs.short_prefill's most)."""
+    b, hq, nq, d = qh.shape
+    hkv = k_cache.shape[2]
+    ks, vs = scales if scales is not None else (None, None)
+    kc = gather(k_cache, ks, block_tables, qh.dtype).transpose(1, 2).contiguous()  # [B, Hkv, S, D]
+    vc = gather(v_cache, vs, block_tables, qh.dtype).transpose(1, 2).contiguous()
+    g, s = hq // hkv, kc.shape[2]
+    # a copy, always: .contiguous() or a reshape of the verify step's transposed view would test
+    # its layout, and export would guard on the queries (Q == 1 is contiguous) and fail
+    qg = qh.clone(memory_format=torch.contiguous_format).view(b, hkv, g * nq, d)  # [B, Hkv, G * Q, D]
+    scores = torch.matmul(qg, kc.transpose(2, 3)).float() * scale  # [B, Hkv, G * Q, S]
+    scores = scores.view(b, hkv, g, nq, s).masked_fill(~visible[:, :, None], float("-inf"))
+    p = torch.softmax(scores, dim=-1).to(qh.dtype).view(b, hkv, g * nq, s)
+    o = torch.matmul(p, vc).view(b, hkv, g, nq, d).permute(0, 3, 1, 2, 4)  # [B, Q, Hkv, G, D]
+    # a copy, always, from this layout: any other way to [B, Q, Hq, D] made export guard on Q
+    return o.clone(memory_format=torch.contiguous_format).view(b, nq, hq, d)
 
 
 def sdpa_over_blocks(
@@ -162,14 +214,14 @@ def sdpa_over_blocks(
     v_cache: torch.Tensor,
     scales: Scales | None,
     block_tables: torch.Tensor,  # [B, W]
-    visible: torch.Tensor,  # [B, 1, Q, W * bs] bool: no query without a visible key
+    visible: torch.Tensor,  # [B, 1, Q, W * bs] bool
     scale: float,
-) -> torch.Tensor:  # [B, Hq, Q, D]
-    """Each row's blocks gathered (dequantized) and attended by torch's fused attention (its CPU
-    flash kernel), the query heads grouped over the KV heads: the compiled decode and verify steps."""
+) -> torch.Tensor:  # [B, Q, Hq, D] contiguous
+    """torch's fused attention (CUDA) over the gathered contexts."""
     ks, vs = scales if scales is not None else (None, None)
     kc = gather(k_cache, ks, block_tables, qh.dtype).transpose(1, 2)  # [B, Hkv, S, D]
     vc = gather(v_cache, vs, block_tables, qh.dtype).transpose(1, 2)
-    return torch.nn.functional.scaled_dot_product_attention(
+    o = torch.nn.functional.scaled_dot_product_attention(
         qh, kc, vc, attn_mask=visible, scale=scale, enable_gqa=True
-    )
+    )  # [B, Hq, Q, D]
+    return o.transpose(1, 2).clone(memory_format=torch.contiguous_format)

@@ -5,8 +5,8 @@ bucket, so a compiled or captured step never sees a new shape). Query i of row b
 p(b, i) = seq_lens[b] - query_lens[b] + i and attends to the row's cached keys at positions
 <= p(b, i) that are < seq_lens[b]: causal among the new tokens, whose K/V are written first.
 Padding queries (i >= query_lens[b]) write to slot 0 (the dummy block) and see the row's whole
-context; their outputs are thrown away. Compiled, the attention is torch's SDPA over the gathered
-contexts (reductions Inductor fuses when scores are soft-capped, which SDPA cannot do); eager,
+context; their outputs are thrown away. Compiled, the attention is paged_decode.py's
+attend_over_blocks over the gathered contexts (reductions Inductor fuses for soft-capped scores); eager,
 batched matmuls. Like paged_decode.py: no host data, no shape taken from
 tensor values, the same code eager, compiled (fullgraph) and captured; a sliding `window` and a
 `softcap` are Python constants of the traced code, as there (each query sees its last `window`
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from rillet.core.attention.base import VerifyMetadata
 from rillet.core.attention.kv_cache import Scales, gather, gather_blocks, rotate, rotated
-from rillet.core.attention.paged_decode import sdpa_over_blocks, write_decode_kv
+from rillet.core.attention.paged_decode import attend_over_blocks, write_decode_kv
 
 
 def paged_verify_attention(
@@ -37,8 +37,8 @@ def paged_verify_attention(
     write_decode_kv(k, v, k_cache, v_cache, meta.slot_mapping.reshape(-1), scales)
     if rotated(scales):  # an int8 pool holds K/V rotated: attend in its space (kv_cache.py)
         q = rotate(q)
-    if torch.compiler.is_compiling():  # SDPA has no softcap: capped scores take the reductions
-        attend = _attend_fused if softcap is not None else _attend_sdpa
+    if torch.compiler.is_compiling():  # capped scores take the reductions (SDPA has no softcap)
+        attend = _attend_fused if softcap is not None else _attend_gathered
     else:
         attend = _attend_matmul
     o = attend(q, k_cache, v_cache, meta, scale, window, softcap, scales)
@@ -115,7 +115,7 @@ def _attend_matmul(
     return o.reshape(b * nq, q.shape[1], d)
 
 
-def _attend_sdpa(
+def _attend_gathered(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -125,10 +125,10 @@ def _attend_sdpa(
     softcap: float | None = None,
     scales: Scales | None = None,
 ) -> torch.Tensor:
-    """Compiled: the gathered contexts through torch's fused attention (paged_decode.py's
-    sdpa_over_blocks), the causal/window visibility as a boolean mask. With several queries a row
-    the reductions above turn compute-bound and cost ~3 us per query x context token on the default
-    model (a 9-query step over 1,024 tokens 44 ms); this kernel's GEMMs take 26 (bench/RESULTS.md).
+    """Compiled: the gathered contexts through paged_decode.py's attend_over_blocks (GEMMs on CPU,
+    SDPA on CUDA), the causal/window visibility as a boolean mask. With several queries a row the
+    reductions above turn compute-bound and cost ~3 us per query x context token on the default
+    model (a 9-query step over 1,024 tokens 44 ms); SDPA took 26 there (bench/RESULTS.md).
     Every query sees at least one key (a padding query its row's whole context, a padding row slot
     0), so no row of the mask is empty."""
     b, w = meta.block_tables.shape
@@ -136,5 +136,5 @@ def _attend_sdpa(
     bs, d = k_cache.shape[1], k_cache.shape[3]
     qh = q.view(b, nq, q.shape[1], d).transpose(1, 2)  # [B, Hq, Q, D]
     visible = _visible(meta, w, bs, q.device, window).view(b, 1, nq, w * bs)
-    o = sdpa_over_blocks(qh, k_cache, v_cache, scales, meta.block_tables, visible, scale)  # [B, Hq, Q, D]
-    return o.transpose(1, 2).reshape(b * nq, q.shape[1], d)
+    o = attend_over_blocks(qh, k_cache, v_cache, scales, meta.block_tables, visible, scale)  # [B, Q, Hq, D]
+    return o.view(b * nq, q.shape[1], d)

@@ -177,8 +177,9 @@ def test_graph_style_padding_sequences_leave_real_rows_alone() -> None:
 )
 @pytest.mark.parametrize(("window", "softcap"), [(None, None), (5, None), (None, 2.0), (4, 1.5)])
 def test_graph_safe_decode_window_softcap(compiled: bool, window: int | None, softcap: float | None) -> None:
-    """paged_decode_attention, eager (batched matmuls) and compiled (fused reductions): each row
-    against the reference over its own context; a padding row (seq_len 1, block 0) stays finite."""
+    """paged_decode_attention, eager (batched matmuls) and compiled (head-major GEMMs; fused
+    reductions for capped scores): each row against the reference over its own context; a padding
+    row (seq_len 1, block 0) stays finite."""
     gen = torch.Generator().manual_seed(9)
     lens, width = [7, 13, 2, 20, 1], 6
     k_cache = torch.randn(NUM_BLOCKS, BS, HKV, D, generator=gen)

@@ -140,13 +140,13 @@ def test_mixed_step_over_int8_equals_float_over_dequantized(backend: str) -> Non
     pools.assert_same_contents()  # the step's K/V landed as codes + scales at the same slots
 
 
-@pytest.mark.parametrize("form", ["matmul", "fused", "sdpa"])
+@pytest.mark.parametrize("form", ["matmul", "fused", "gathered"])
 @pytest.mark.parametrize(("window", "softcap"), [(None, None), (5, 1.5), (4, None)])
 def test_graph_safe_decode_over_int8(form: str, window: int | None, softcap: float | None) -> None:
-    """paged_decode.py's eager (matmul) and traced (SDPA; fused reductions for capped scores)
-    forms, with a padding row."""
-    if form == "sdpa" and softcap is not None:
-        pytest.skip("SDPA has no softcap: the compiled step takes the reductions")
+    """paged_decode.py's eager (matmul) and traced (gathered: GEMMs on CPU, SDPA on CUDA; fused
+    reductions for capped scores) forms, with a padding row."""
+    if form == "gathered" and softcap is not None:
+        pytest.skip("capped scores: the compiled step takes the reductions")
     pools = Pools.random(4)
     gen = torch.Generator().manual_seed(5)
     lens = [7, 13, 2, 20, 1]
@@ -168,7 +168,7 @@ def test_graph_safe_decode_over_int8(form: str, window: int | None, softcap: flo
     else:  # a form torch.compile traces, over the caches written as the op writes them
         paged_decode.write_decode_kv(k, v, pools.k8, pools.v8, meta.slot_mapping, pools.scales)
         paged_decode.write_decode_kv(kr, vr, pools.kf, pools.vf, meta.slot_mapping)
-        attend = paged_decode._attend_fused if form == "fused" else paged_decode._attend_sdpa
+        attend = paged_decode._attend_fused if form == "fused" else paged_decode._attend_gathered
         got = attend(q, pools.k8, pools.v8, meta, SCALE, scales=pools.scales, **opts)
         want = attend(q, pools.kf, pools.vf, meta, SCALE, **opts)
     pools.assert_same_contents()
@@ -176,7 +176,7 @@ def test_graph_safe_decode_over_int8(form: str, window: int | None, softcap: flo
     assert torch.isfinite(got).all()
 
 
-@pytest.mark.parametrize("form", ["matmul", "fused", "sdpa"])
+@pytest.mark.parametrize("form", ["matmul", "fused", "gathered"])
 def test_verify_over_int8(form: str) -> None:
     """paged_verify.py: rows of Q queries (last token + drafts, padded), written then attended."""
     pools = Pools.random(7)
@@ -197,7 +197,7 @@ def test_verify_over_int8(form: str) -> None:
     kr, vr = stored(k, torch.int8), stored(v, torch.int8)
     want = rotate(paged_verify.paged_verify_attention(rotate(q), kr, vr, pools.kf, pools.vf, meta, SCALE))
     if form != "matmul":  # a form torch.compile traces, over the caches just written
-        attend = paged_verify._attend_fused if form == "fused" else paged_verify._attend_sdpa
+        attend = paged_verify._attend_fused if form == "fused" else paged_verify._attend_gathered
         got = attend(q, pools.k8, pools.v8, meta, SCALE, scales=pools.scales)
         want = attend(q, pools.kf, pools.vf, meta, SCALE)
     pools.assert_same_contents()

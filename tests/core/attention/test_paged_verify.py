@@ -1,7 +1,8 @@
 """The graph-safe verify attention (attention/paged_verify.py) against plain SDPA over each row's
 full K/V: several query tokens per row, causal among themselves, rows padded to Q with their
 padding queries writing only to the dummy slot; eager (matmul) and the two forms Inductor compiles
-(SDPA over the gathered contexts; the reductions, for soft-capped scores)."""
+(the gathered contexts through GEMMs on CPU, SDPA on CUDA; the reductions, for soft-capped
+scores); and the CPU's GEMMs against the SDPA form CUDA compiles."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 from rillet.core.attention import paged_verify
 from rillet.core.attention.base import VerifyMetadata
+from rillet.core.attention.paged_decode import gemms_over_blocks, sdpa_over_blocks
 from rillet.core.attention.paged_verify import paged_verify_attention
 from test_attention_torch import BS, HKV, HQ, NUM_BLOCKS, SCALE, D, reference
 
@@ -58,7 +60,7 @@ def run(
     # eager: the matmul form
     out = paged_verify_attention(q, k, v, k_cache, v_cache, meta, SCALE, window=window, softcap=softcap)
     if form != "matmul":  # a form torch.compile traces (same cache, already written)
-        attend = paged_verify._attend_fused if form == "fused" else paged_verify._attend_sdpa
+        attend = paged_verify._attend_fused if form == "fused" else paged_verify._attend_gathered
         out = attend(q, k_cache, v_cache, meta, SCALE, window, softcap)
     for r, (_, new) in enumerate(rows):
         torch.testing.assert_close(out[r * nq : r * nq + new], want[r], rtol=1e-5, atol=1e-5)
@@ -69,7 +71,7 @@ def run(
     assert set(changed) <= real | set(range(BS))
 
 
-FORMS = ["matmul", "fused", "sdpa"]
+FORMS = ["matmul", "fused", "gathered"]
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -84,10 +86,10 @@ def test_verify_attention_matches_sdpa(rows: list[tuple[int, int]], nq: int, for
 @pytest.mark.parametrize("form", FORMS)
 def test_verify_attention_keeps_sliding_windows_and_soft_caps(form: str) -> None:
     """Gemma-style layers: each verify query sees its own last `window` positions, scores capped
-    (not by SDPA, which has no cap: the compiled step takes the reductions then)."""
+    (not by the gathered form: the compiled step takes the reductions then)."""
     rows = [(20, 4), (3, 2), (9, 5)]
     run(rows, 5, form, seed=3, window=6)
-    if form != "sdpa":
+    if form != "gathered":
         run(rows, 5, form, seed=4, softcap=2.0)
         run(rows, 5, form, seed=5, window=4, softcap=1.5)
 
@@ -97,3 +99,27 @@ def test_short_prefill_rows_with_long_contexts() -> None:
     verify row and a fresh prompt (graphs.short_prefill)."""
     for form in FORMS:
         run([(44, 12), (20, 3), (0, 9)], 12, form, seed=7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("nq", [1, 4])
+def test_cpu_gemms_equal_cudas_sdpa(nq: int, dtype: torch.dtype) -> None:
+    """gemms_over_blocks (the compiled CPU steps) and sdpa_over_blocks (CUDA's), the same rows:
+    grouped query heads, causal visibility inside the queries, rows of different context lengths
+    over shuffled block tables (SDPA runs on CPU too)."""
+    gen = torch.Generator().manual_seed(11)
+    b, width = 3, 5
+    k_cache = torch.randn(NUM_BLOCKS, BS, HKV, D, generator=gen).to(dtype)
+    v_cache = torch.randn(NUM_BLOCKS, BS, HKV, D, generator=gen).to(dtype)
+    pool = list(range(1, NUM_BLOCKS))
+    random.Random(11).shuffle(pool)
+    tables = torch.tensor(pool[: b * width], dtype=torch.int32).view(b, width)
+    seq_lens = torch.tensor([BS * width, 9, nq], dtype=torch.int32)
+    qpos = (seq_lens - nq)[:, None] + torch.arange(nq)  # [B, Q]
+    pos = torch.arange(width * BS)
+    visible = ((pos <= qpos[:, :, None]) & (pos < seq_lens[:, None, None]))[:, None]  # [B, 1, Q, S]
+    qh = torch.randn(b, HQ, nq, D, generator=gen).to(dtype)
+    got = gemms_over_blocks(qh, k_cache, v_cache, None, tables, visible, SCALE)
+    want = sdpa_over_blocks(qh, k_cache, v_cache, None, tables, visible, SCALE)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 0.02, "atol": 0.02}
+    torch.testing.assert_close(got, want, **tol)
