@@ -63,6 +63,9 @@ VARIANTS: dict[str, Variant] = {
     "match-k6": Variant(6),
     "match-k8-c0.05": Variant(8, row_cost=0.05),
     "match-k8-c0.15": Variant(8, row_cost=0.15),
+    "match-k8-c0.2": Variant(8, row_cost=0.2),  # speculative.row_cost's CPU default (2026-12-03)
+    "match-k8-c0.3": Variant(8, row_cost=0.3),
+    "match-k8-c0.4": Variant(8, row_cost=0.4),
     "match-k8-one-round": Variant(8, rows=1_000),
     "off-full-head": Variant(0, full_head=True),
     "match-k8-full-head": Variant(8, full_head=True),
