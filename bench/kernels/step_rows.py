@@ -9,8 +9,8 @@ static inputs of the given context (no scheduler, no sampling, no HTTP), on the 
 and the same step called from another thread ran ~5x slower here), the variants interleaved call by
 call so that a drifting host shifts them alike; reports each one's interquartile mean.
 
-    .venv/bin/python -m bench.engine.step_rows                       # rows 1..8, context 256
-    .venv/bin/python -m bench.engine.step_rows --rows 1 2 4 --queries 2 4 9 --context 512
+    .venv/bin/python -m bench.kernels.step_rows                       # rows 1..8, context 256
+    .venv/bin/python -m bench.kernels.step_rows --rows 1 2 4 --queries 2 4 9 --context 512
 """
 
 from __future__ import annotations
