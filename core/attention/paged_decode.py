@@ -185,7 +185,7 @@ def gemms_over_blocks(
     """A kv head's G x Q queries as the rows of two batched GEMMs over its contiguous context
     (the gather, dequantization and transpose are one pass Inductor fuses). torch's SDPA over the
     same context (its CPU flash kernel, blocked for many queries) cost more in the default model's
-    saved steps (bench.engine.step_rows, two ABAB runs, AMD EPYC, 2026-12-03): 8 decode rows at 256
+    saved steps (bench.kernels.step_rows, two ABAB runs, AMD EPYC, 2026-12-03): 8 decode rows at 256
     / 1,024 cached tokens 18.2-18.9 / 29.7-50.5 ms against 13.3-15.3 / 22.8-38.2, a 2-query verify
     row 8.1-8.6 / 9.8-15.1 against 5.2-5.5 / 7.6-10.3; one decode row about the same. Scores are
     rounded to the cache dtype, as eager's (_attend_matmul) are; the softmax runs in float32. They

@@ -66,7 +66,7 @@ def small_batch_rows(setting: int | str) -> int:
     """graphs.small_batch resolved. auto: 4 rows where the CPU has AMX tiles, whose int4 template
     the autotuned steps settle on (flat in the rows; aten's kernel 1.3x faster at one row); else 0:
     on an AVX-512 CPU without AMX Inductor's weight-only int4 template and aten's kernel measured
-    alike at 1-8 rows (bench.engine.step_rows, bench/RESULTS.md 2026-12-03), and a second step
+    alike at 1-8 rows (bench.kernels.step_rows, bench/RESULTS.md 2026-12-03), and a second step
     would only cost its build, its 187 MB on disk and ~340 MiB of RSS."""
     if setting != "auto":
         return int(setting)
