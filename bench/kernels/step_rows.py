@@ -30,8 +30,6 @@ from rillet.graphs.verify import VerifyBuffers
 
 from bench.lib.common import decode_path, peak_rss_mib, table, write_json
 
-BLOCK = 16  # tokens per KV block: only the block table's width depends on it here
-
 
 def iq_mean(xs: list[float]) -> float:
     xs = sorted(xs)
@@ -86,7 +84,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--set", dest="sets", action="append", default=[], help="config override k=v")
-    ap.add_argument("--out", default="bench/results/step_rows.json")
+    ap.add_argument("--out", default="bench/out/step_rows.json")
     args = ap.parse_args()
     k = max(args.queries) - 1
     over = [
@@ -96,9 +94,9 @@ def main() -> None:
         "graphs.small_batch=4",  # both steps on any CPU (auto builds the small one on AMX only)
         *args.sets,
     ]
-    width = -(-args.context // BLOCK) + 1
     with LLM(overrides=over) as llm:
         decode_path(llm)
+        width = -(-args.context // llm.engine.cfg.cache.block_size) + 1  # blocks a row's table holds
         compiled = llm.engine.core.runner.graph_runner.compiled  # type: ignore[attr-defined]
         fn = compiled.fn
         if not isinstance(fn, ByRows):
