@@ -13,11 +13,15 @@ Reported per mode, set, batch and streaming: tok/s (completion tokens from `usag
 its ratio to the mode's baseline (off, or off-fp32 for draft), the acceptance rate over the set
 (from /metrics: accepted / drafted draft tokens) and tokens gained per verify step; the server's
 peak RSS. Greedy outputs are the same in every mode (the tests prove it), so each mode generates
-the same tokens.
+the same tokens. `--rounds R` starts every mode's server R times, the modes in turn (off, ngram,
+off, ngram, ...): a drifting host then shifts both alike, where one start a mode puts the drift
+between them; the rows add up every round's tokens and seconds, and `vs_baseline_rounds` lists
+each round's own ratio (bench/lib/rounds.py).
 
     .venv/bin/python -m bench.serving.speculative                      # the full measurement
     .venv/bin/python -m bench.serving.speculative --modes off ngram --max-tokens 8 --runs 1 \\
         --concurrency 1                                                 # a smoke run
+    .venv/bin/python -m bench.serving.speculative --modes off ngram --concurrency 1 --rounds 3
     .venv/bin/python -m bench.serving.speculative --external llama.cpp=http://127.0.0.1:8080/v1
     .venv/bin/python -m bench.serving.speculative --modes off ngram --server-cpus 0 --client-cpus 1 \
         --set model.num_threads=1                                       # server and client apart
@@ -40,6 +44,7 @@ from typing import Any
 import openai
 
 from bench.lib.common import parse_cpus, peak_rss_mib, table, write_json
+from bench.lib.rounds import Row, merge, per_round
 from bench.lib.server_proc import RilletServer
 
 PARAGRAPH = (
@@ -198,20 +203,25 @@ def measure_mode(name: str, base_url: str, args: argparse.Namespace) -> list[dic
                     runs[stream].append(batch(clients, model, prompts, stream, args.max_tokens))
             d1, a1, v1 = spec_counters(base_url)
             for stream, done in runs.items():
-                rows.append(
-                    {
-                        "mode": name,
-                        "set": set_name,
-                        "batch": c,
-                        "stream": stream,
-                        "tok_s": sum(b.tokens for b in done) / sum(b.wall_s for b in done),
-                        "tokens": sum(b.tokens for b in done),
-                        "acceptance": (a1 - a0) / (d1 - d0) if d1 > d0 else None,
-                        "tokens_per_verify": (a1 - a0 + v1 - v0) / (v1 - v0) if v1 > v0 else None,
-                    }
-                )
+                # the counters cover both streaming modes' batches: each row gets half
+                row = {"mode": name, "set": set_name, "batch": c, "stream": stream}
+                row |= {"tokens": sum(b.tokens for b in done), "wall_s": sum(b.wall_s for b in done)}
+                row |= {"drafted": (d1 - d0) / 2, "accepted": (a1 - a0) / 2, "verifies": (v1 - v0) / 2}
+                rows.append(derive(row))
             print(f"{name} {set_name} batch {c}: done", file=sys.stderr)
     return rows
+
+
+KEY = ("mode", "set", "batch", "stream")
+SUMS = ("tokens", "wall_s", "drafted", "accepted", "verifies")
+
+
+def derive(r: Row) -> Row:
+    """Rates from a row's sums: tok/s, the acceptance of drafted tokens, tokens per verify step."""
+    r["tok_s"] = r["tokens"] / r["wall_s"]
+    r["acceptance"] = r["accepted"] / r["drafted"] if r["drafted"] else None
+    r["tokens_per_verify"] = (r["accepted"] + r["verifies"]) / r["verifies"] if r["verifies"] else None
+    return r
 
 
 def ratios(rows: list[dict[str, Any]], baselines: dict[str, str | None]) -> None:
@@ -229,6 +239,7 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["off", "ngram", "off-fp32", "draft"])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--runs", type=int, default=2, help="batches per streaming mode (ABBA order)")
+    ap.add_argument("--rounds", type=int, default=1, help="server starts per mode, modes in turn")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--prompt-sets", nargs="+", choices=list(SETS), default=list(SETS))
     ap.add_argument(
@@ -248,21 +259,28 @@ def main() -> None:
     unknown = [m for m in args.modes if m not in table_of]
     if unknown:
         ap.error(f"unknown modes {unknown}; choose from {list(table_of)}")
-    rows: list[dict[str, Any]] = []
     rss: dict[str, float | None] = {}
     baselines = {m: table_of[m][1] for m in args.modes}
-    for name in args.modes:
-        overrides, _ = table_of[name]
-        print(f"starting rillet serve ({name}) ...", file=sys.stderr)
-        log_path = f"bench/out/speculative-{name}.log"
-        with RilletServer(args.sets + overrides, log_path=log_path, cpus=server_cpus) as srv:
-            rows += measure_mode(name, srv.base_url, args)
-            rss[name] = srv.peak_rss_mib()
-    for spec in args.external:
-        name, url = spec.split("=", 1)
-        rows += measure_mode(name, url, args)
-        baselines[name] = None
+    baselines |= {spec.split("=", 1)[0]: None for spec in args.external}
+    rounds: list[list[Row]] = []
+    for _ in range(args.rounds):
+        got: list[Row] = []
+        for name in args.modes:
+            overrides, _ = table_of[name]
+            print(f"starting rillet serve ({name}) ...", file=sys.stderr)
+            log_path = f"bench/out/speculative-{name}.log"
+            with RilletServer(args.sets + overrides, log_path=log_path, cpus=server_cpus) as srv:
+                got += measure_mode(name, srv.base_url, args)
+                peak = srv.peak_rss_mib()
+                rss[name] = max(peak, rss.get(name) or 0.0) if peak is not None else rss.get(name)
+        for spec in args.external:
+            name, url = spec.split("=", 1)
+            got += measure_mode(name, url, args)
+        ratios(got, baselines)
+        rounds.append(got)
+    rows = [derive(r) for r in merge(rounds, KEY, SUMS)]
     ratios(rows, baselines)
+    per_round(rows, rounds, KEY, "vs_baseline")
     write_json(
         args.out,
         {"args": vars(args), "server_peak_rss_mib": rss, "client_peak_rss_mib": peak_rss_mib(), "rows": rows},
@@ -279,11 +297,18 @@ def main() -> None:
         "stream",
         "tok_s",
         "vs_baseline",
+        "vs_baseline_rounds",
         "stream_ratio",
         "acceptance",
         "tokens_per_verify",
     ]
-    print(table([{k: ("-" if v is None else v) for k, v in r.items()} for r in rows], cols))
+    print(table([{k: _cell(v) for k, v in r.items()} for r in rows], cols))
+
+
+def _cell(v: Any) -> Any:
+    if isinstance(v, list):
+        return " / ".join("-" if x is None else f"{x:.3f}" for x in v)
+    return "-" if v is None else v
 
 
 if __name__ == "__main__":
