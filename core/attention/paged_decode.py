@@ -167,18 +167,30 @@ def attend_over_blocks(
 ) -> torch.Tensor:  # [B, Q, Hq, D] contiguous
     """Each row's blocks gathered (dequantized) head-major and attended, the query heads grouped
     over the KV heads: the compiled decode and verify steps. On CPU two batched GEMMs a kv head
-    (`gemms_over_blocks`), on CUDA torch's fused attention; q's device is a constant of the traced
+    (`gemms_over_context`), on CUDA torch's fused attention; q's device is a constant of the traced
     code."""
-    over = sdpa_over_blocks if qh.is_cuda else gemms_over_blocks
-    return over(qh, k_cache, v_cache, scales, block_tables, visible, scale)
+    kc, vc = gather_head_major(k_cache, v_cache, scales, block_tables, qh.dtype)
+    over = sdpa_over_context if qh.is_cuda else gemms_over_context
+    return over(qh, kc, vc, visible, scale)
 
 
-def gemms_over_blocks(
-    qh: torch.Tensor,  # [B, Hq, Q, D]
+def gather_head_major(
     k_cache: torch.Tensor,  # [N, bs, Hkv, D]
     v_cache: torch.Tensor,
     scales: Scales | None,
     block_tables: torch.Tensor,  # [B, W]
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [B, Hkv, S, D] each, S = W * bs (transposed views)
+    ks, vs = scales if scales is not None else (None, None)
+    kc = gather(k_cache, ks, block_tables, dtype).transpose(1, 2)
+    vc = gather(v_cache, vs, block_tables, dtype).transpose(1, 2)
+    return kc, vc
+
+
+def gemms_over_context(
+    qh: torch.Tensor,  # [B, Hq, Q, D]
+    kc: torch.Tensor,  # [B, Hkv, S, D] (gather_head_major)
+    vc: torch.Tensor,
     visible: torch.Tensor,  # [B, 1, Q, S] bool
     scale: float,
 ) -> torch.Tensor:  # [B, Q, Hq, D] contiguous
@@ -192,10 +204,8 @@ def gemms_over_blocks(
     are materialised: [B, Hkv, G * Q, S] float32, 75 MB a layer for a 1,024-token prefill over
     2,048 cached tokens (graphs.short_prefill's most)."""
     b, hq, nq, d = qh.shape
-    hkv = k_cache.shape[2]
-    ks, vs = scales if scales is not None else (None, None)
-    kc = gather(k_cache, ks, block_tables, qh.dtype).transpose(1, 2).contiguous()  # [B, Hkv, S, D]
-    vc = gather(v_cache, vs, block_tables, qh.dtype).transpose(1, 2).contiguous()
+    hkv = kc.shape[1]
+    kc, vc = kc.contiguous(), vc.contiguous()  # [B, Hkv, S, D]
     g, s = hq // hkv, kc.shape[2]
     # a copy, always: .contiguous() or a reshape of the verify step's transposed view would test
     # its layout, and export would guard on the queries (Q == 1 is contiguous) and fail
@@ -208,19 +218,14 @@ def gemms_over_blocks(
     return o.clone(memory_format=torch.contiguous_format).view(b, nq, hq, d)
 
 
-def sdpa_over_blocks(
+def sdpa_over_context(
     qh: torch.Tensor,  # [B, Hq, Q, D]
-    k_cache: torch.Tensor,  # [N, bs, Hkv, D]
-    v_cache: torch.Tensor,
-    scales: Scales | None,
-    block_tables: torch.Tensor,  # [B, W]
-    visible: torch.Tensor,  # [B, 1, Q, W * bs] bool
+    kc: torch.Tensor,  # [B, Hkv, S, D] (gather_head_major)
+    vc: torch.Tensor,
+    visible: torch.Tensor,  # [B, 1, Q, S] bool
     scale: float,
 ) -> torch.Tensor:  # [B, Q, Hq, D] contiguous
     """torch's fused attention (CUDA) over the gathered contexts."""
-    ks, vs = scales if scales is not None else (None, None)
-    kc = gather(k_cache, ks, block_tables, qh.dtype).transpose(1, 2)  # [B, Hkv, S, D]
-    vc = gather(v_cache, vs, block_tables, qh.dtype).transpose(1, 2)
     o = torch.nn.functional.scaled_dot_product_attention(
         qh, kc, vc, attn_mask=visible, scale=scale, enable_gqa=True
     )  # [B, Hq, Q, D]

@@ -12,7 +12,7 @@ import pytest
 import torch
 from rillet.core.attention import paged_verify
 from rillet.core.attention.base import VerifyMetadata
-from rillet.core.attention.paged_decode import gemms_over_blocks, sdpa_over_blocks
+from rillet.core.attention.paged_decode import gather_head_major, gemms_over_context, sdpa_over_context
 from rillet.core.attention.paged_verify import paged_verify_attention
 from test_attention_torch import BS, HKV, HQ, NUM_BLOCKS, SCALE, D, reference
 
@@ -104,7 +104,7 @@ def test_short_prefill_rows_with_long_contexts() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("nq", [1, 4])
 def test_cpu_gemms_equal_cudas_sdpa(nq: int, dtype: torch.dtype) -> None:
-    """gemms_over_blocks (the compiled CPU steps) and sdpa_over_blocks (CUDA's), the same rows:
+    """gemms_over_context (the compiled CPU steps) and sdpa_over_context (CUDA's), the same rows:
     grouped query heads, causal visibility inside the queries, rows of different context lengths
     over shuffled block tables (SDPA runs on CPU too)."""
     gen = torch.Generator().manual_seed(11)
@@ -119,7 +119,8 @@ def test_cpu_gemms_equal_cudas_sdpa(nq: int, dtype: torch.dtype) -> None:
     pos = torch.arange(width * BS)
     visible = ((pos <= qpos[:, :, None]) & (pos < seq_lens[:, None, None]))[:, None]  # [B, 1, Q, S]
     qh = torch.randn(b, HQ, nq, D, generator=gen).to(dtype)
-    got = gemms_over_blocks(qh, k_cache, v_cache, None, tables, visible, SCALE)
-    want = sdpa_over_blocks(qh, k_cache, v_cache, None, tables, visible, SCALE)
+    kc, vc = gather_head_major(k_cache, v_cache, None, tables, dtype)
+    got = gemms_over_context(qh, kc, vc, visible, SCALE)
+    want = sdpa_over_context(qh, kc, vc, visible, SCALE)
     tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 0.02, "atol": 0.02}
     torch.testing.assert_close(got, want, **tol)
