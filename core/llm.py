@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rillet.core.config import RilletConfig, load_config
-from rillet.core.engine.engine import Engine
+from rillet.core.engine.engine import Engine, NewRequest
 from rillet.core.outputs import SeqDelta
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import FinishReason, TokenLogprob
@@ -85,15 +85,15 @@ class LLM:
         if len(loras) != len(prompts):
             raise ValueError("lora: need one adapter name (or None) per prompt, or a single one")
         results: dict[str, RequestOutput] = {}
-        order: list[str] = []
+        requests: list[NewRequest] = []
         for prompt, p, adapter in zip(prompts, plist, loras, strict=True):
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
             rid = uuid.uuid4().hex
             results[rid] = RequestOutput(rid, ids, [CompletionOutput(i) for i in range(n)])
-            order.append(rid)
-            self.engine.add_request(rid, ids, p, n=n, lora=adapter)
+            requests.append(NewRequest(rid, ids, p, n=n, lora=adapter))
+        self.engine.add_requests(requests)  # one inbox item: the first step sees them all
         self._collect(results)
-        return [results[rid] for rid in order]
+        return [results[r.request_id] for r in requests]
 
     def embed(self, inputs: Sequence[str | list[int]], dimensions: int | None = None) -> list[list[float]]:
         """One vector per input (model.task embed or both), submitted at once; in input order."""

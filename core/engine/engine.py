@@ -14,8 +14,9 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from rillet.core.config import RilletConfig
 from rillet.core.embedding import EmbedParams
@@ -67,8 +68,20 @@ class EngineStats:
     kv_tokens_total: int = 0  # tokens the pool holds: kv_blocks_total x block_size (cache.dtype sizes it)
 
 
-# Inbox items: a new request's sequences, or the id of a request to abort.
-_InboxItem = list[Seq] | str
+class NewRequest(NamedTuple):
+    """One request of `Engine.add_requests` (the arguments of `add_request`)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    n: int = 1
+    deadline: float | None = None
+    lora: str | None = None
+
+
+# Inbox items: a new request's sequences, several requests' (add_requests: taken in one drain), or
+# the id of a request to abort.
+_InboxItem = list[Seq] | tuple[list[Seq], ...] | str
 # An embedding sequence's: one step's worth of "output" (its vector), never sampled
 _EMBED_SAMPLING = SamplingParams(max_tokens=1, temperature=0.0)
 
@@ -208,11 +221,23 @@ class Engine:
         lora: str | None = None,
     ) -> None:
         """`lora`: the name of a loaded LoRA adapter (AdapterError NOT_FOUND if there is none)."""
+        self._enqueue([self._checked(NewRequest(request_id, prompt_ids, params, n, deadline, lora))])
+
+    def add_requests(self, requests: Sequence[NewRequest]) -> None:
+        """Several requests queued as one: the engine thread takes them all before its next step,
+        so they are scheduled together from their first step (one add_request after another may
+        race a step in between). All or none: when one is refused, none is queued."""
+        if requests:
+            self._enqueue([self._checked(r) for r in requests])
+
+    def _checked(self, r: NewRequest) -> list[Seq]:
+        """r's sequences, or the error that refuses it."""
         if self._dead:
             raise EngineDeadError(self.error or "engine is not running")
-        adapter = self._adapter(lora) if lora is not None else None
+        adapter = self._adapter(r.lora) if r.lora is not None else None
         if "generate" not in self.tasks:
             raise RequestError("model", f"{self.model_name} is an embedding model (model.task: embed)")
+        prompt_ids, params = r.prompt_ids, r.params
         if not prompt_ids:
             raise RequestError("prompt", "must contain at least one token")
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
@@ -225,13 +250,16 @@ class Engine:
             raise RequestError(
                 "logit_bias", f"holds token id {params.logit_bias[-1][0]} outside the vocabulary"
             )
-        if self.core.num_waiting + self._added - self._taken >= self.cfg.scheduler.max_waiting:
-            raise QueueFullError(f"waiting queue is full ({self.cfg.scheduler.max_waiting})")
-        seqs = self._make_seqs(request_id, prompt_ids, params, n, deadline)
+        seqs = self._make_seqs(r.request_id, prompt_ids, params, r.n, r.deadline)
         for seq in seqs:
             seq.lora = adapter
-        self._added += 1
-        self._inbox.append(seqs)
+        return seqs
+
+    def _enqueue(self, requests: list[list[Seq]]) -> None:
+        if self.core.num_waiting + self._added - self._taken + len(requests) > self.cfg.scheduler.max_waiting:
+            raise QueueFullError(f"waiting queue is full ({self.cfg.scheduler.max_waiting})")
+        self._added += len(requests)
+        self._inbox.append(requests[0] if len(requests) == 1 else tuple(requests))
         self._wake.set()
 
     def add_embedding(
@@ -386,12 +414,13 @@ class Engine:
             item = inbox.popleft()
             if isinstance(item, str):
                 deltas.extend(self.core.abort(item))
-            else:
+                continue
+            for seqs in item if isinstance(item, tuple) else (item,):
                 try:
-                    self.core.add(item)
+                    self.core.add(seqs)
                 except Exception as exc:  # one bad request must not take the engine down
-                    log.exception("request %s could not be added", item[0].request_id)
-                    deltas.extend(self.core.reject(item, f"{type(exc).__name__}: {exc}"))
+                    log.exception("request %s could not be added", seqs[0].request_id)
+                    deltas.extend(self.core.reject(seqs, f"{type(exc).__name__}: {exc}"))
                 finally:
                     self._taken += 1
         return StepOutput(self.core.steps, deltas) if deltas else None

@@ -8,7 +8,7 @@ import time
 import pytest
 from engine_hooks import hold_steps
 from rillet.core.config import config_from_dict
-from rillet.core.engine.engine import Engine
+from rillet.core.engine.engine import Engine, NewRequest
 from rillet.core.errors import QueueFullError
 from rillet.core.llm import LLM
 from rillet.core.sampling_params import SamplingParams
@@ -91,3 +91,46 @@ def test_queue_full_raises() -> None:
     eng.add_request("b", [5, 6], p)
     with pytest.raises(QueueFullError):
         eng.add_request("c", [5, 6], p)
+
+
+def test_requests_added_together_are_scheduled_together(llm: LLM) -> None:
+    """add_requests (LLM.generate's way) queues its requests as one inbox item: the step that
+    first schedules any of them schedules all of them, however the engine thread is timed."""
+    eng = llm.engine
+    sched = eng.core.scheduler
+    schedule = sched.schedule
+    batches: list[set[str]] = []
+
+    def spy() -> object:
+        batch = schedule()
+        batches.append({s.request_id for s in batch.seqs})
+        return batch
+
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    sched.schedule = spy  # type: ignore[method-assign]
+    try:
+        for round_ in range(5):
+            rids = [f"r{round_}-{i}" for i in range(3)]
+            eng.add_requests([NewRequest(rid, [5 + i, 6, 7], params) for i, rid in enumerate(rids)])
+            assert eng.wait_idle(30)
+            first = next(b for b in batches if b & set(rids))
+            assert first >= set(rids), batches
+            eng.ring.pop_all()
+    finally:
+        del sched.schedule
+    assert eng.stats().kv_blocks_used == 0
+
+
+def test_add_requests_queues_all_or_none() -> None:
+    c = config_from_dict(
+        {"model": {"kind": "synthetic", "synthetic_step_ms": 50.0}, "scheduler": {"max_waiting": 2}}
+    )
+    eng = Engine(c)  # not started: nothing leaves the inbox
+    p = SamplingParams(max_tokens=2)
+    with pytest.raises(QueueFullError):
+        eng.add_requests([NewRequest(r, [5, 6], p) for r in "abc"])
+    with pytest.raises(ValueError, match="prompt"):
+        eng.add_requests([NewRequest("a", [5, 6], p), NewRequest("empty", [], p)])
+    assert eng.stats().waiting == 0
+    eng.add_requests([NewRequest(r, [5, 6], p) for r in "ab"])
+    assert eng.stats().waiting == 2
