@@ -3,6 +3,11 @@ in the tuned mode (`compile_mode: auto` on CPU with int4 weights), in the whole 
 compiled step's greedy tokens equal the eager step's for batches of 1, 3, 8 and 17 rows, one
 compile in all. Apart from test_compiled_decode.py (tiny models): this compile is the suite's
 longest, and a module of its own lets the other worker run the tiny models' compiles meanwhile.
+
+The model's first LAYERS of its 30 decoder layers: every weight shape, the int4 packing, the
+autotuned GEMM templates and the LM head are the served model's, while a cold compile (Inductor's
+lowering and code generation, ~2 minutes for all 30 layers, most of it growing with the layers)
+takes a fraction of that (harness/compiled_engine.py first_layers).
 """
 
 from __future__ import annotations
@@ -16,15 +21,17 @@ from rillet.core.sequence import TokenLogprob
 
 pytestmark = pytest.mark.compiled
 
+LAYERS = 4
 NEAR_TIE = 0.05  # nats: see test_compiled_matches_eager_on_the_default_model
 
 
 @pytest.fixture(scope="module")
 def default_model() -> Iterator[Compiled]:
-    # as served by default: int4 weights, float32 activations. Buckets from 2: one compile for this
-    # 30-layer model (batch 1 runs as 2 rows of that graph)
+    # as served by default: int4 weights, float32 activations. Buckets from 2: one compile (batch 1
+    # runs as 2 rows of that graph)
     model = {"dtype": "auto"}
-    yield from compiled_llm(model, buckets=[2, 4, 8], cache={"num_blocks": 64, "block_size": 16})
+    cache = {"num_blocks": 64, "block_size": 16}
+    yield from compiled_llm(model, buckets=[2, 4, 8], layers=LAYERS, cache=cache)
 
 
 def test_compiled_matches_eager_on_the_default_model(default_model: Compiled) -> None:
@@ -45,6 +52,7 @@ def test_compiled_matches_eager_on_the_default_model(default_model: Compiled) ->
                 top = dict(lps[i].top)
                 assert g[i] in top and top[w[i]] - top[g[i]] <= NEAR_TIE, (n, i, g, w, lps[i])
     assert default_model.compiles == 1
+    assert default_model.runner.model.arch.num_layers == LAYERS
     assert 2 in rows and 1 not in rows  # batch 1 ran as 2 rows
 
 

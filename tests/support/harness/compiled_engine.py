@@ -4,14 +4,18 @@ model): built, its compile waited for, and generation with that step on or off."
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 import torch
 from rillet.core.config import config_from_dict
 from rillet.core.llm import LLM
+from rillet.core.loaders import gguf
 from rillet.core.runner.model_runner import ModelRunner
 from rillet.core.sampling_params import SamplingParams
 from rillet.graphs.interface import DecodeBatch
@@ -47,9 +51,12 @@ class Compiled:
     compiles: int  # graphs dynamo built while the engine started
 
 
-def compiled_llm(model: dict[str, Any], buckets: list[int] = BUCKETS, **sections: Any) -> Iterator[Compiled]:
+def compiled_llm(
+    model: dict[str, Any], buckets: list[int] = BUCKETS, layers: int | None = None, **sections: Any
+) -> Iterator[Compiled]:
     """A float32 CPU engine over `model` (config keys) with its decode step compiled, yielded once
-    the compile has finished without a graph break; a fixture's body (`yield from`)."""
+    the compile has finished without a graph break; a fixture's body (`yield from`). `layers`: a
+    GGUF model's first `layers` decoder layers only (see first_layers)."""
     before = settled_graphs()
     cfg = config_from_dict(
         {
@@ -59,7 +66,10 @@ def compiled_llm(model: dict[str, Any], buckets: list[int] = BUCKETS, **sections
             **sections,
         }
     )
-    llm = LLM(cfg)
+    with pytest.MonkeyPatch.context() as mp:  # the weights are loaded before LLM() returns
+        if layers is not None:
+            mp.setattr(gguf, "load_gguf", first_layers(gguf.load_gguf, layers))
+        llm = LLM(cfg)
     try:
         runner = llm.engine.core.runner
         assert isinstance(runner, ModelRunner) and runner.graph_runner is not None
@@ -71,6 +81,21 @@ def compiled_llm(model: dict[str, Any], buckets: list[int] = BUCKETS, **sections
         yield Compiled(llm, runner, gr, graphs() - before)
     finally:
         llm.close()
+
+
+def first_layers(load: Any, layers: int) -> Any:
+    """A load_gguf that keeps a model's first `layers` decoder layers: the same weights, shapes,
+    quantization and kernels, but Inductor's lowering and code generation (most of a cold compile,
+    which grows with the graph) over a fraction of the 30-layer default model's graph."""
+    deeper = re.compile(r"model\.layers\.(\d+)\.")
+
+    def load_first(*args: Any, **kwargs: Any) -> Any:
+        arch, weights = load(*args, **kwargs)
+        assert arch.num_layers >= layers
+        kept = ((n, w) for n, w in weights if (m := deeper.match(n)) is None or int(m.group(1)) < layers)
+        return dataclasses.replace(arch, num_layers=layers), kept
+
+    return load_first
 
 
 def generate(c: Compiled, n: int, compiled: bool) -> list[list[int]]:
