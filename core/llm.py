@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rillet.core.config import RilletConfig, load_config
-from rillet.core.engine.engine import Engine, NewRequest
+from rillet.core.engine.engine import Engine
+from rillet.core.engine.inbox import NewRequest
 from rillet.core.outputs import SeqDelta
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import FinishReason, TokenLogprob

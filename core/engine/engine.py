@@ -1,7 +1,7 @@
 """The engine: an `EngineCore` driven by its own thread, fed through a lock-free inbox.
 
-Other threads (the event loop, the offline API) call `add_request` / `abort`; those append to a
-deque (atomic under the GIL) and set an Event only when the engine is idle. The engine thread
+Other threads (the event loop, the offline API) call `add_request` / `add_requests` / `abort`;
+those check the request here and put it in the inbox (core/engine/inbox.py). The engine thread
 drains the inbox at the top of every step, so an abort takes effect within one step. Each step's
 deltas go out as one `StepOutput` through the SPSC ring (core/ring.py).
 """
@@ -13,14 +13,13 @@ import itertools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from rillet.core.config import RilletConfig
 from rillet.core.embedding import EmbedParams
 from rillet.core.engine.core import EngineCore
+from rillet.core.engine.inbox import Inbox, NewRequest
 from rillet.core.engine.overlap import resolve_overlap
 from rillet.core.engine.publisher import Publisher
 from rillet.core.errors import (
@@ -68,20 +67,6 @@ class EngineStats:
     kv_tokens_total: int = 0  # tokens the pool holds: kv_blocks_total x block_size (cache.dtype sizes it)
 
 
-class NewRequest(NamedTuple):
-    """One request of `Engine.add_requests` (the arguments of `add_request`)."""
-
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    n: int = 1
-    deadline: float | None = None
-    lora: str | None = None
-
-
-# Inbox items: a new request's sequences, several requests' (add_requests: taken in one drain), or
-# the id of a request to abort.
-_InboxItem = list[Seq] | tuple[list[Seq], ...] | str
 # An embedding sequence's: one step's worth of "output" (its vector), never sampled
 _EMBED_SAMPLING = SamplingParams(max_tokens=1, temperature=0.0)
 
@@ -98,14 +83,11 @@ class Engine:
     def __init__(self, cfg: RilletConfig, progress: Callable[[str, float], None] | None = None) -> None:
         self.cfg = cfg
         self.ring: SpscRing[StepOutput] = SpscRing(cfg.stream.ring_capacity)
-        self._inbox: deque[_InboxItem] = deque()
         self._wake = threading.Event()
+        self._inbox = Inbox(self._wake)
         self._go = threading.Event()
         self._stop = False
         self._seq_ids = itertools.count()
-        # Requests added / taken from the inbox; one writer each, so the difference is exact.
-        self._added = 0
-        self._taken = 0
         self.error: str | None = None
         self._dead = False
         self._fatal: str | None = None  # set by fail(): the engine thread dies with it
@@ -256,11 +238,9 @@ class Engine:
         return seqs
 
     def _enqueue(self, requests: list[list[Seq]]) -> None:
-        if self.core.num_waiting + self._added - self._taken + len(requests) > self.cfg.scheduler.max_waiting:
+        if self.core.num_waiting + self._inbox.queued + len(requests) > self.cfg.scheduler.max_waiting:
             raise QueueFullError(f"waiting queue is full ({self.cfg.scheduler.max_waiting})")
-        self._added += len(requests)
-        self._inbox.append(requests[0] if len(requests) == 1 else tuple(requests))
-        self._wake.set()
+        self._inbox.put(requests)
 
     def add_embedding(
         self,
@@ -283,14 +263,10 @@ class Engine:
             )
         if dimensions is not None and not 1 <= dimensions <= size:
             raise RequestError("dimensions", f"must be in [1, {size}], got {dimensions}")
-        if self.core.num_waiting + self._added - self._taken >= self.cfg.scheduler.max_waiting:
-            raise QueueFullError(f"waiting queue is full ({self.cfg.scheduler.max_waiting})")
         embed = EmbedParams(dimensions, self._embed_every_token, self._embed_whole)
         seq = Seq(next(self._seq_ids), request_id, list(prompt_ids), _EMBED_SAMPLING, deadline=deadline)
         seq.embed = embed
-        self._added += 1
-        self._inbox.append([seq])
-        self._wake.set()
+        self._enqueue([[seq]])
 
     # ---- LoRA adapters (any thread) -------------------------------------------------------------
     def _adapter(self, name: str) -> LoraAdapter:
@@ -315,8 +291,7 @@ class Engine:
         self.lora.unload(name)
 
     def abort(self, request_id: str) -> None:
-        self._inbox.append(request_id)
-        self._wake.set()
+        self._inbox.abort(request_id)
 
     def prepare_grammar(self, spec: GrammarSpec) -> None:
         """Compiles `spec` into the grammar cache (any thread; the HTTP layer runs it on a worker
@@ -347,7 +322,7 @@ class Engine:
         spec = self.core.spec.stats if self.core.spec is not None else None
         return EngineStats(
             running=self.core.num_running,
-            waiting=self.core.num_waiting + self._added - self._taken,
+            waiting=self.core.num_waiting + self._inbox.queued,
             kv_blocks_used=blocks.num_used,
             kv_blocks_total=blocks.num_usable,
             kv_tokens_total=blocks.num_usable * blocks.block_size,
@@ -408,21 +383,7 @@ class Engine:
             raise
 
     def _drain_inbox(self) -> StepOutput | None:
-        deltas = []
-        inbox = self._inbox
-        while inbox:
-            item = inbox.popleft()
-            if isinstance(item, str):
-                deltas.extend(self.core.abort(item))
-                continue
-            for seqs in item if isinstance(item, tuple) else (item,):
-                try:
-                    self.core.add(seqs)
-                except Exception as exc:  # one bad request must not take the engine down
-                    log.exception("request %s could not be added", seqs[0].request_id)
-                    deltas.extend(self.core.reject(seqs, f"{type(exc).__name__}: {exc}"))
-                finally:
-                    self._taken += 1
+        deltas = self._inbox.drain(self.core)
         return StepOutput(self.core.steps, deltas) if deltas else None
 
     def _fail_everything(self) -> None:
@@ -441,7 +402,7 @@ class Engine:
         """True once no request is queued, running or in the inbox (for tests and draining)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not self._inbox and not self.core.has_work() and self._added == self._taken:
+            if not self._inbox and not self.core.has_work() and not self._inbox.queued:
                 return True
             time.sleep(0.005)
         return False

@@ -76,7 +76,7 @@ def hold_first_step(engine: Any, requests: int, timeout: float = 60.0) -> None:
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         if not held[0]:
             held[0] = True
-            _wait(lambda: engine._added >= requests, timeout, f"{requests} requests")
+            _wait(lambda: engine._inbox.added >= requests, timeout, f"{requests} requests")
         return inner(*args, **kwargs)
 
     engine.core.runner.launch = wrapped

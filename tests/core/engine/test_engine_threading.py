@@ -8,7 +8,8 @@ import time
 import pytest
 from engine_hooks import hold_steps
 from rillet.core.config import config_from_dict
-from rillet.core.engine.engine import Engine, NewRequest
+from rillet.core.engine.engine import Engine
+from rillet.core.engine.inbox import NewRequest
 from rillet.core.errors import QueueFullError
 from rillet.core.llm import LLM
 from rillet.core.sampling_params import SamplingParams

@@ -48,11 +48,11 @@ def test_fifty_clients_disconnect_mid_stream(
     peak: list[int] = []
     generated0 = engine.stats().generated_tokens
     aborts = _count_aborts(engine, monkeypatch)
-    taken0 = engine._taken
+    taken0 = engine._inbox.taken
 
     def all_streams_far_enough(batch: Any) -> bool:  # on the engine thread: its state is stable
         return (
-            engine._taken - taken0 >= CLIENTS
+            engine._inbox.taken - taken0 >= CLIENTS
             and not engine.core.scheduler.waiting
             and all(len(s.output_ids) >= HOLD_AT for s in batch.seqs)
         )

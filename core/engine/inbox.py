@@ -1,0 +1,84 @@
+"""What other threads hand the engine thread: new requests and aborts, taken in one drain at the
+top of every step.
+
+Any thread puts (the event loop, the offline API); only the engine thread drains. A deque's
+append and popleft are atomic under the GIL, so there is no lock: a request is one item, and the
+requests of one `put` (Engine.add_requests) are one item too, so a drain takes all of them or
+none, and the step after it schedules them together. `added` and `taken` count requests; the
+difference is what is queued and not yet in the scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from typing import NamedTuple
+
+from rillet.core.engine.core import EngineCore
+from rillet.core.outputs import SeqDelta
+from rillet.core.sampling_params import SamplingParams
+from rillet.core.sequence import Seq
+
+log = logging.getLogger(__name__)
+
+
+class NewRequest(NamedTuple):
+    """One request of `Engine.add_requests` (the arguments of `add_request`)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    n: int = 1
+    deadline: float | None = None
+    lora: str | None = None
+
+
+# A new request's sequences, several requests' (one put), or the id of a request to abort.
+_Item = list[Seq] | tuple[list[Seq], ...] | str
+
+
+class Inbox:
+    def __init__(self, wake: threading.Event) -> None:
+        self._items: deque[_Item] = deque()
+        self._wake = wake  # set on every put: the engine thread may be idle
+        self.added = 0  # requests put
+        self.taken = 0  # requests drained into the engine core
+
+    @property
+    def queued(self) -> int:
+        """Requests put and not drained yet."""
+        return self.added - self.taken
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def put(self, requests: list[list[Seq]]) -> None:
+        """Each request's sequences; all of them are taken by one drain."""
+        self.added += len(requests)
+        self._items.append(requests[0] if len(requests) == 1 else tuple(requests))
+        self._wake.set()
+
+    def abort(self, request_id: str) -> None:
+        self._items.append(request_id)
+        self._wake.set()
+
+    def drain(self, core: EngineCore) -> list[SeqDelta]:
+        """On the engine thread: everything put so far into `core`, in order; the deltas of
+        aborts and of requests the core refused."""
+        deltas: list[SeqDelta] = []
+        items = self._items
+        while items:
+            item = items.popleft()
+            if isinstance(item, str):
+                deltas.extend(core.abort(item))
+                continue
+            for seqs in item if isinstance(item, tuple) else (item,):
+                try:
+                    core.add(seqs)
+                except Exception as exc:  # one bad request must not take the engine down
+                    log.exception("request %s could not be added", seqs[0].request_id)
+                    deltas.extend(core.reject(seqs, f"{type(exc).__name__}: {exc}"))
+                finally:
+                    self.taken += 1
+        return deltas
