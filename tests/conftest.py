@@ -24,14 +24,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
-        # Inductor compiles in this process (and in the processes tests start, which inherit the
-        # variable) instead of a pool of subprocesses per process, each importing torch: with
-        # one core a worker there is nothing to run in parallel, and a cold compiled-verify test
-        # took 50 s of CPU instead of 73.
-        os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
-        from torch._inductor import config as inductor_config
-
-        inductor_config.compile_threads = 1
     # xdist's loadfile queue is sorted by test count by default, which sends the modules of one or
     # two long tests (a compile, the numerics subprocesses) last: one worker then runs them alone
     # while the other idles. Queued in collection order instead, heavy modules first (below).
