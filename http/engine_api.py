@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from rillet.core.config import RilletConfig
+from rillet.core.engine.inbox import NewRequest
 from rillet.core.outputs import StepOutput
 from rillet.core.ring import SpscRing
 from rillet.core.sampling_params import SamplingParams
@@ -73,6 +74,10 @@ class EngineLike(Protocol):
         deadline: float | None = None,
         lora: str | None = None,  # a loaded LoRA adapter's name (engines without LoRA: never given)
     ) -> None: ...
+
+    def add_requests(self, requests: Sequence[NewRequest]) -> None:
+        """Queued as one: taken together by the engine's next step; all or none (raises)."""
+        ...
 
     def add_embedding(
         self,

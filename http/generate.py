@@ -16,6 +16,7 @@ import time
 
 import orjson
 from aiohttp import web
+from rillet.core.engine.inbox import NewRequest
 from rillet.core.errors import AdapterError, EngineDeadError, QueueFullError, RequestError
 from rillet.http.engine_api import EngineLike
 from rillet.http.front_end import FrontEnd, OpenAiFront
@@ -141,26 +142,22 @@ def _close_after_grace(
 
 
 def _submit(state: ServerState, engine: EngineLike, gen: GenRequest, stream: RequestStream) -> None:
-    """Registers every prompt's engine request, then adds it; all or nothing."""
+    """Registers every prompt's engine request, then adds them as one (the engine schedules them
+    from the same step); all or nothing."""
     disp = state.dispatcher
     assert disp is not None
     timeout = state.cfg.server.request_timeout_s
     deadline = time.monotonic() + timeout if timeout is not None else None
-    added: list[str] = []
+    requests = []
+    for p, (ids, params) in enumerate(zip(gen.prompts, gen.params, strict=True)):
+        eid = stream.engine_ids[p]
+        disp.register(eid, stream, p * gen.n)
+        requests.append(NewRequest(eid, ids, params, gen.n, deadline, gen.lora))
     try:
-        for p, (ids, params) in enumerate(zip(gen.prompts, gen.params, strict=True)):
-            eid = stream.engine_ids[p]
-            disp.register(eid, stream, p * gen.n)
-            if gen.lora is None:
-                engine.add_request(eid, ids, params, n=gen.n, deadline=deadline)
-            else:
-                engine.add_request(eid, ids, params, n=gen.n, deadline=deadline, lora=gen.lora)
-            added.append(eid)
+        engine.add_requests(requests)
     except Exception as exc:
         for eid in stream.engine_ids:
             disp.unregister(eid)
-        for eid in added:
-            engine.abort(eid)
         raise _submit_error(exc) from exc
 
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
-from rillet.core.engine.core import EngineCore
-from rillet.core.outputs import SeqDelta
 from rillet.core.sampling_params import SamplingParams
-from rillet.core.sequence import Seq
+
+if TYPE_CHECKING:  # NewRequest is the HTTP layer's too, which must not import the engine's modules
+    from rillet.core.engine.core import EngineCore
+    from rillet.core.outputs import SeqDelta
+    from rillet.core.sequence import Seq
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +37,7 @@ class NewRequest(NamedTuple):
 
 
 # A new request's sequences, several requests' (one put), or the id of a request to abort.
-_Item = list[Seq] | tuple[list[Seq], ...] | str
+_Item: TypeAlias = "list[Seq] | tuple[list[Seq], ...] | str"
 
 
 class Inbox:

@@ -12,10 +12,12 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rillet.core.config import RilletConfig
+from rillet.core.engine.inbox import NewRequest
 from rillet.core.errors import EngineDeadError, ErrorKind, QueueFullError, RequestError
 from rillet.core.outputs import SeqDelta, StepOutput
 from rillet.core.ring import RingClosed, SpscRing
@@ -138,16 +140,30 @@ class FakeEngine:
         n: int = 1,
         deadline: float | None = None,
     ) -> None:
+        self.add_requests([NewRequest(request_id, prompt_ids, params, n, deadline)])
+
+    def add_requests(self, requests: Sequence[NewRequest]) -> None:
+        """As the engine's: every request checked first, then all queued (all or none)."""
+        if len(self._waiting) + self._pending_adds + len(requests) > self.cfg.scheduler.max_waiting:
+            raise QueueFullError(f"waiting queue is full ({self.cfg.scheduler.max_waiting})")
+        made = [self._seqs(r) for r in requests]
+        self._pending_adds += len(made)
+        for seqs in made:
+            self._inbox.append(("add", seqs))
+        self._wake.set()
+
+    def _seqs(self, r: NewRequest) -> list[_Seq]:
+        prompt_ids, params = r.prompt_ids, r.params
         if self._dead:
             raise EngineDeadError(self.error or "dead")
+        if r.lora is not None:
+            raise RequestError("model", "the fake engine serves no LoRA adapters")
         if not prompt_ids:
             raise RequestError("prompt", "must contain at least one token")
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             raise RequestError("prompt", "too long")
-        if len(self._waiting) + self._pending_adds >= self.cfg.scheduler.max_waiting:
-            raise QueueFullError(f"waiting queue is full ({self.cfg.scheduler.max_waiting})")
         seqs = []
-        for i in range(n):
+        for i in range(r.n):
             seed = None if params.seed is None else params.seed + i
             if params.greedy:
                 offset = len(prompt_ids)
@@ -156,10 +172,8 @@ class FakeEngine:
                     random.Random(seed).randrange(len(TEXT)) if seed is not None else random.randrange(99)
                 )
             fail = 3 if FAIL_MARKER.encode() in bytes(t for t in prompt_ids if t < 256) else None
-            seqs.append(_Seq(request_id, i, len(prompt_ids), params, deadline, offset, fail))
-        self._pending_adds += 1
-        self._inbox.append(("add", seqs))
-        self._wake.set()
+            seqs.append(_Seq(r.request_id, i, len(prompt_ids), params, r.deadline, offset, fail))
+        return seqs
 
     def add_embedding(
         self,
