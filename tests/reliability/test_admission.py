@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any
 
 import orjson
-from engine_hooks import hold_steps
+from engine_hooks import hold_steps, scheduled_batches
 from rel_helpers import (
     COMP,
     assert_all_released,
@@ -144,31 +144,16 @@ def test_a_multi_prompt_completion_starts_in_one_step() -> None:
     """The prompts of one /v1/completions request go to the engine as one inbox item
     (Engine.add_requests): the first step that schedules any of them schedules all."""
     with served("model.synthetic_step_ms=2") as (engine, srv):
-        sched = engine.core.scheduler
-        schedule = sched.schedule
-        batches: list[set[str]] = []
-
-        def spy() -> Any:
-            batch = schedule()
-            batches.append({s.request_id for s in batch.seqs})
-            return batch
-
-        sched.schedule = spy
-        try:
+        with scheduled_batches(engine) as batches:
             for i in range(5):
                 prompts = [f"p{i} {k}" for k in range(4)]
                 body = {"model": engine.model_name, "prompt": prompts, "max_tokens": 3}
                 resp = post(srv, COMP, body)
                 assert resp.status_code == 200 and len(resp.json()["choices"]) == 4, resp.text
             assert engine.wait_idle(5)
-        finally:
-            del sched.schedule
-        firsts = [b for b in batches if b]
-        requests = {rid for b in batches for rid in b}
-        assert len(requests) == 20
+        assert len({rid for b in batches for rid in b}) == 20
         started: set[str] = set()
-        for b in firsts:  # a step that brings in new requests brings in a whole completion's four
-            new = b - started
-            assert len(new) % 4 == 0, batches
+        for b in batches:  # a step that brings in new requests brings in a whole completion's four
+            assert len(b - started) % 4 == 0, batches
             started |= b
         assert_all_released(engine, srv)

@@ -16,6 +16,25 @@ from contextlib import contextmanager
 from typing import Any
 
 
+@contextmanager
+def scheduled_batches(engine: Any) -> Iterator[list[set[str]]]:
+    """The request ids of every batch the engine's scheduler forms while inside (its steps' order)."""
+    sched = engine.core.scheduler
+    schedule = sched.schedule
+    batches: list[set[str]] = []
+
+    def spy() -> Any:
+        batch = schedule()
+        batches.append({s.request_id for s in batch.seqs})
+        return batch
+
+    sched.schedule = spy
+    try:
+        yield batches
+    finally:
+        del sched.schedule
+
+
 def count_calls(obj: Any, name: str) -> Callable[[], int]:
     """Wraps method `name` of `obj` (an instance attribute shadows the class one); returns a reader."""
     calls = [0]

@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from engine_hooks import hold_steps
+from engine_hooks import hold_steps, scheduled_batches
 from rillet.core.config import config_from_dict
 from rillet.core.engine.engine import Engine
 from rillet.core.engine.inbox import NewRequest
@@ -98,18 +98,8 @@ def test_requests_added_together_are_scheduled_together(llm: LLM) -> None:
     """add_requests (LLM.generate's way) queues its requests as one inbox item: the step that
     first schedules any of them schedules all of them, however the engine thread is timed."""
     eng = llm.engine
-    sched = eng.core.scheduler
-    schedule = sched.schedule
-    batches: list[set[str]] = []
-
-    def spy() -> object:
-        batch = schedule()
-        batches.append({s.request_id for s in batch.seqs})
-        return batch
-
     params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-    sched.schedule = spy  # type: ignore[method-assign]
-    try:
+    with scheduled_batches(eng) as batches:
         for round_ in range(5):
             rids = [f"r{round_}-{i}" for i in range(3)]
             eng.add_requests([NewRequest(rid, [5 + i, 6, 7], params) for i, rid in enumerate(rids)])
@@ -117,8 +107,6 @@ def test_requests_added_together_are_scheduled_together(llm: LLM) -> None:
             first = next(b for b in batches if b & set(rids))
             assert first >= set(rids), batches
             eng.ring.pop_all()
-    finally:
-        del sched.schedule
     assert eng.stats().kv_blocks_used == 0
 
 
