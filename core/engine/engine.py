@@ -203,17 +203,27 @@ class Engine:
         lora: str | None = None,
     ) -> None:
         """`lora`: the name of a loaded LoRA adapter (AdapterError NOT_FOUND if there is none)."""
-        self._enqueue([self._checked(NewRequest(request_id, prompt_ids, params, n, deadline, lora))])
+        self.add_requests([NewRequest(request_id, prompt_ids, params, n, deadline, lora)])
 
     def add_requests(self, requests: Sequence[NewRequest]) -> None:
         """Several requests queued as one: the engine thread takes them all before its next step,
         so they are scheduled together from their first step (one add_request after another may
-        race a step in between). All or none: when one is refused, none is queued."""
-        if requests:
-            self._enqueue([self._checked(r) for r in requests])
+        race a step in between). All or none: when one is refused, none is queued. Each is
+        checked, then the queue's room, before any sequence (or grammar matcher) is made."""
+        if not requests:
+            return
+        adapters = [self._check(r) for r in requests]
+        self._check_room(len(requests))
+        made = []
+        for r, adapter in zip(requests, adapters, strict=True):
+            seqs = self._make_seqs(r.request_id, r.prompt_ids, r.params, r.n, r.deadline)
+            for seq in seqs:
+                seq.lora = adapter
+            made.append(seqs)
+        self._inbox.put(made)
 
-    def _checked(self, r: NewRequest) -> list[Seq]:
-        """r's sequences, or the error that refuses it."""
+    def _check(self, r: NewRequest) -> LoraAdapter | None:
+        """Raises the error that refuses r; its LoRA adapter otherwise."""
         if self._dead:
             raise EngineDeadError(self.error or "engine is not running")
         adapter = self._adapter(r.lora) if r.lora is not None else None
@@ -232,15 +242,12 @@ class Engine:
             raise RequestError(
                 "logit_bias", f"holds token id {params.logit_bias[-1][0]} outside the vocabulary"
             )
-        seqs = self._make_seqs(r.request_id, prompt_ids, params, r.n, r.deadline)
-        for seq in seqs:
-            seq.lora = adapter
-        return seqs
+        return adapter
 
-    def _enqueue(self, requests: list[list[Seq]]) -> None:
-        if self.core.num_waiting + self._inbox.queued + len(requests) > self.cfg.scheduler.max_waiting:
+    def _check_room(self, n: int) -> None:
+        """QueueFullError unless the waiting queue has room for n more requests."""
+        if self.core.num_waiting + self._inbox.queued + n > self.cfg.scheduler.max_waiting:
             raise QueueFullError(f"waiting queue is full ({self.cfg.scheduler.max_waiting})")
-        self._inbox.put(requests)
 
     def add_embedding(
         self,
@@ -263,10 +270,11 @@ class Engine:
             )
         if dimensions is not None and not 1 <= dimensions <= size:
             raise RequestError("dimensions", f"must be in [1, {size}], got {dimensions}")
+        self._check_room(1)
         embed = EmbedParams(dimensions, self._embed_every_token, self._embed_whole)
         seq = Seq(next(self._seq_ids), request_id, list(prompt_ids), _EMBED_SAMPLING, deadline=deadline)
         seq.embed = embed
-        self._enqueue([[seq]])
+        self._inbox.put([[seq]])
 
     # ---- LoRA adapters (any thread) -------------------------------------------------------------
     def _adapter(self, name: str) -> LoraAdapter:

@@ -143,10 +143,10 @@ class FakeEngine:
         self.add_requests([NewRequest(request_id, prompt_ids, params, n, deadline)])
 
     def add_requests(self, requests: Sequence[NewRequest]) -> None:
-        """As the engine's: every request checked first, then all queued (all or none)."""
-        if len(self._waiting) + self._pending_adds + len(requests) > self.cfg.scheduler.max_waiting:
-            raise QueueFullError(f"waiting queue is full ({self.cfg.scheduler.max_waiting})")
+        """As the engine's: every request checked, then the queue's room; all queued or none."""
         made = [self._seqs(r) for r in requests]
+        if len(self._waiting) + self._pending_adds + len(made) > self.cfg.scheduler.max_waiting:
+            raise QueueFullError(f"waiting queue is full ({self.cfg.scheduler.max_waiting})")
         self._pending_adds += len(made)
         for seqs in made:
             self._inbox.append(("add", seqs))
