@@ -22,18 +22,17 @@ from rillet.core.attention.kv_cache import allocate_kv_cache as allocate_kv_cach
 from rillet.core.loaders.heap import return_free_memory
 from rillet.core.lora.stack import LayerLora, LoraStack
 from rillet.core.model.arch import ModelArch
+from rillet.core.model.int4_layers import check_int4_dtype, quantize_layers, streaming_quantizer
 from rillet.core.model.mlp import activation, gated_mlp
 from rillet.core.model.moe import MoE
 from rillet.core.model.rope import RotaryEmbedding, apply_rope
 from rillet.core.model.weights import Target, expert_targets, load_into
-from rillet.core.quant.int4 import Int4Weight, Int8Weight, lin, quantize_module_weights
+from rillet.core.quant.int4 import Int4Weight, Int8Weight, lin
 from torch import nn
 
 logger = logging.getLogger(__name__)
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin [T, 1, D]
-_INT4_LAYER = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight")  # quantize_int4's
-_INT4_EXPERTS = ("gate_up", "down")  # an MoE layer's stacked experts
 
 
 def _param(shape: tuple[int, ...], dtype: torch.dtype) -> nn.Parameter:
@@ -271,45 +270,12 @@ class DecoderModel(nn.Module):
         Raises ValueError on an unknown name, a shape mismatch, or a parameter left unfilled.
         """
         if int4:
-            self._check_int4_dtype()
-        on_filled = self._quantizer() if int4 else None
+            check_int4_dtype(self.embed_tokens.dtype)
+        on_filled = streaming_quantizer(self.layers) if int4 else None
         load_into(self.weight_targets(), weights, self.arch, tied=self.lm_head is None, on_filled=on_filled)
         if int4:
             self.quantize_int4()  # the LM head (and anything not streamed)
             return_free_memory()
-
-    def _check_int4_dtype(self) -> None:
-        dtype = self.embed_tokens.dtype
-        if dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"int4 weights run in a float32 or bfloat16 model, not {dtype}")
-
-    def _quantizer(self) -> Callable[[nn.Parameter], None]:
-        """on_filled for load_into: a filled projection becomes its Int4Weight at once; once a
-        layer's are all done, the freed float32 memory goes back to the OS (core/loaders/heap.py)."""
-        owners: dict[int, tuple[nn.Module, str, int]] = {}
-        left: dict[int, int] = {}  # projections of each layer still float32
-        for i, layer in enumerate(self.layers):
-            assert isinstance(layer, DecoderLayer)
-            parts: list[tuple[nn.Module, tuple[str, ...]]] = [(layer, _INT4_LAYER)]
-            if layer.moe is not None:
-                parts.append((layer.moe, _INT4_EXPERTS))
-            for module, names in parts:
-                for name in names:
-                    if getattr(module, name, None) is not None:
-                        owners[id(getattr(module, name))] = (module, name, i)
-                        left[i] = left.get(i, 0) + 1
-
-        def quantize(param: nn.Parameter) -> None:
-            owner = owners.pop(id(param), None)
-            if owner is None:
-                return
-            module, name, i = owner
-            quantize_module_weights(module, (name,))
-            left[i] -= 1
-            if left[i] == 0:
-                return_free_memory()
-
-        return quantize
 
     def weight_targets(self) -> dict[str, Target]:
         """Canonical HF name -> (parameter, slice of it, is a norm) for every weight to load."""
@@ -334,12 +300,8 @@ class DecoderModel(nn.Module):
         """
         if self.quant_head is not None:  # done already (load_weights with int4)
             return
-        self._check_int4_dtype()
-        for layer in self.layers:
-            assert isinstance(layer, DecoderLayer)
-            quantize_module_weights(layer, _INT4_LAYER)
-            if layer.moe is not None:
-                quantize_module_weights(layer.moe, _INT4_EXPERTS)
+        check_int4_dtype(self.embed_tokens.dtype)
+        quantize_layers(self.layers)
         head = self.embed_tokens if self.lm_head is None else self.lm_head
         self.quant_head = Int8Weight(head.data)
         if self.lm_head is not None:

@@ -157,12 +157,12 @@ def test_a_lean_load_quantizes_each_projection_as_it_is_read() -> None:
     """load_weights(int4=True): a projection becomes int4 once its parts are in, while later
     tensors are still unread (the float32 model is never whole), and the model equals one loaded
     in float32 and quantized afterwards, buffer for buffer."""
-    from rillet.core.model import decoder as decoder_mod
+    from rillet.core.model import int4_layers as int4_mod
 
     streamed, weights = _tiny_model()
     read = 0
     at_quantize: list[int] = []
-    real = decoder_mod.quantize_module_weights
+    real = int4_mod.quantize_module_weights
 
     def spy(module: Any, names: tuple[str, ...]) -> None:
         at_quantize.append(read)
@@ -174,11 +174,11 @@ def test_a_lean_load_quantizes_each_projection_as_it_is_read() -> None:
             read += 1
             yield item
 
-    decoder_mod.quantize_module_weights = spy  # type: ignore[assignment]
+    int4_mod.quantize_module_weights = spy  # type: ignore[assignment]
     try:
         streamed.load_weights(counted(), int4=True)
     finally:
-        decoder_mod.quantize_module_weights = real  # type: ignore[assignment]
+        int4_mod.quantize_module_weights = real  # type: ignore[assignment]
     assert at_quantize and at_quantize[0] < len(weights) // 2, at_quantize
     after, _ = _tiny_model()
     after.load_weights(iter(weights))
