@@ -1,8 +1,8 @@
 """Long fuzzing run: `--cases` hostile bodies (default 10,000) split over both endpoints and both
 families (random JSON, almost-valid), through one loopback server; prints the status histogram.
 
-    .venv/bin/python tests/stress/fuzz_bodies.py --cases 10000
-    .venv/bin/python tests/stress/fuzz_bodies.py --cases 2000 --engine tiny   # real sampler path
+    .venv/bin/python -m bench.stress.fuzz_bodies --cases 10000
+    .venv/bin/python -m bench.stress.fuzz_bodies --cases 2000 --engine tiny   # real sampler path
 
 `--engine tiny` serves a random-weight 2-layer model (`model.kind=shape`, `model.shape=tiny`), so
 sampling parameters reach a real sampler instead of the synthetic engine. Exit status 1 on any
@@ -19,7 +19,8 @@ from typing import Any
 from bench.lib.common import use_test_support
 
 use_test_support()  # the raw HTTP client, engine hooks and attack libraries of tests/support
-from fuzz_lib import Client, almost_valid_body, random_body  # noqa: E402
+from fuzzing.chat_bodies import almost_valid_body, random_body  # noqa: E402
+from fuzzing.client import Client  # noqa: E402
 from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 from rel_helpers import CHAT, COMP, assert_all_released, assert_serves, served  # noqa: E402
 

@@ -1,12 +1,13 @@
 """Property-based fuzzing of the generation endpoints (chat, completions, Responses, Anthropic
-Messages: 4,000 hostile bodies) and of /v1/embeddings (300, then 150 through a tiny real encoder):
-no 5xx, no crash, every error in its API's shape.
+Messages: up to 4,000 hostile bodies, 500 a test, fewer where Hypothesis runs out of new ones) and
+of /v1/embeddings (300, then 150 through a tiny real encoder): no 5xx, no crash, every error in its
+API's shape.
 
 One server over the synthetic engine (no step time, max_tokens capped at 8) takes every case on a
 keep-alive connection; afterwards the engine, the pool and the server must be as they were. Then
 600 almost-valid or valid-sampling bodies through a tiny real model, whose sampler the synthetic
 engine never runs.
-Strategies and checks: fuzz_lib.py. The
+Strategies: fuzzing/chat_bodies.py, fuzzing/api_bodies.py; checks: fuzzing/client.py. The
 long run (10,000 cases): bench/stress/fuzz_bodies.py.
 """
 
@@ -17,18 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fuzz_lib import (
-    EMB,
-    MESSAGES,
-    RESPONSES,
-    Client,
-    almost_valid_api_body,
-    almost_valid_body,
-    embedding_body,
-    random_api_body,
-    random_body,
-    sampling_body,
-)
+from fuzzing.api_bodies import almost_valid_api_body, random_api_body
+from fuzzing.chat_bodies import almost_valid_body, embedding_body, random_body, sampling_body
+from fuzzing.client import Client
+from fuzzing.values import EMB, MESSAGES, RESPONSES
 from hypothesis import HealthCheck, given, settings
 from hypothesis.strategies import SearchStrategy
 from rel_helpers import CHAT, COMP, assert_all_released, assert_serves, served
@@ -53,7 +46,7 @@ FUZZ = settings(
     max_examples=CASES,
     database=None,  # never write .hypothesis/ into the repository
     # CI runs the same cases on every machine (the counts asserted below are then a property of the
-    # strategies, not of one run's luck); tests/stress/fuzz_bodies.py draws new ones each time.
+    # strategies, not of one run's luck); bench/stress/fuzz_bodies.py draws new ones each time.
     derandomize=True,
     deadline=None,
     suppress_health_check=list(HealthCheck),
@@ -72,6 +65,28 @@ def client(fuzz_server: tuple[Any, BackgroundServer]) -> Iterator[Client]:
     c = Client(srv.host, srv.port)
     yield c
     c.close()
+
+
+# The fuzz tests of the shared server, whose aftermath test_server_whole_after_fuzzing checks
+FUZZ_TESTS = (
+    "test_random_json_bodies",
+    "test_almost_valid_bodies",
+    "test_random_json_bodies_on_the_other_apis",
+    "test_almost_valid_bodies_on_the_other_apis",
+)
+
+
+@pytest.fixture(scope="module")
+def fuzzed() -> set[str]:
+    """Node ids of this module's FUZZ_TESTS that have run (passed or not) on the shared server."""
+    return set()
+
+
+@pytest.fixture(autouse=True)
+def _record_fuzz_runs(request: pytest.FixtureRequest, fuzzed: set[str]) -> Iterator[None]:
+    yield
+    if request.node.originalname in FUZZ_TESTS:
+        fuzzed.add(request.node.nodeid)
 
 
 @pytest.mark.parametrize("path", [CHAT, COMP], ids=["chat", "completions"])
@@ -191,10 +206,12 @@ def test_almost_valid_bodies_on_a_real_sampler(path: str) -> None:
         assert_all_released(engine, srv)
 
 
-def test_server_whole_after_fuzzing(fuzz_server: tuple[Any, BackgroundServer], client: Client) -> None:
+def test_server_whole_after_fuzzing(
+    fuzz_server: tuple[Any, BackgroundServer], client: Client, fuzzed: set[str]
+) -> None:
     engine, srv = fuzz_server
     print(f"fuzz: {client.cases} cases, statuses {dict(sorted(client.statuses.items()))}")
-    if client.cases < 8 * CASES:
+    if len(fuzzed) < 2 * len(FUZZ_TESTS):  # each is parametrized over two endpoints
         pytest.skip("checks what the fuzz tests of this module left behind: run them with it")
     assert all(s < 500 for s in client.statuses), client.statuses
     assert client.statuses[200] > 100, client.statuses  # deep paths were reached, not only 400s
