@@ -1,6 +1,6 @@
 """Every model family through the whole engine against transformers, greedy, float32, token for
 token: tiny random Qwen3, Gemma 2, Gemma 3, Phi-3 (LongRoPE), Mixtral and Qwen3-MoE models
-(tests/conftest.py's FAMILY_DEFAULTS), batched, with a pool small enough to preempt, a token budget
+(tiny_models/hf_folders.py's FAMILY_DEFAULTS), batched, with a pool small enough to preempt, a token budget
 small enough to chunk prompts, and a second batch whose prompts extend the first's (prefix-cache
 hits). Gemma's windows are 8 tokens, the prompts up to 40: sliding layers mask most of the context.
 Phi-3's original context is 48 positions: served with max_model_len 48 it keeps LongRoPE's short

@@ -34,7 +34,7 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
         "qwen2",
         {"tie_word_embeddings": True, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
     ),
-    # the other families, as tests/conftest.py's FAMILY_DEFAULTS make them (sliding windows of 8)
+    # the other families, as tiny_models/hf_folders.py's FAMILY_DEFAULTS make them (sliding windows of 8)
     "qwen3": ("qwen3", {}),
     "gemma2": ("gemma2", {}),
     "gemma3": ("gemma3_text", {}),

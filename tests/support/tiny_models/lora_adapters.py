@@ -7,12 +7,13 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 ALL_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 NEW = 10  # greedy tokens per request in the comparisons
 PROMPTS = [[(7 * i + 3 * k) % 250 + 1 for k in range(3 + (11 * i) % 29)] for i in range(8)]
-# the adapters of tests/core/lora/conftest.py: (name, r, alpha, targets (None: all), rsLoRA)
+# the adapters of the `lora_setup` fixture (build_lora_setup): (name, r, alpha, targets (None: all), rsLoRA)
 ADAPTERS: list[tuple[str, int, float, list[str] | None, bool]] = [
     ("a1", 8, 16, None, False),
     ("a2", 4, 8, ["q_proj", "v_proj", "down_proj"], False),
@@ -78,3 +79,19 @@ def greedy(model: Any, prompt: list[int], max_new: int) -> list[int]:
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False
         )
     return [int(t) for t in out[0, len(prompt) :]]
+
+
+def build_lora_setup(tiny_hf_model: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """{"folder": base model, "paths": name -> adapter folder, "refs": name (None: base) -> tokens
+    per prompt of PROMPTS}, the references generated one prompt at a time (no padding)."""
+    folder, hf = tiny_hf_model("llama")
+    root = tmp_path_factory.mktemp("lora")
+    paths: dict[str, str] = {}
+    refs: dict[str | None, list[list[int]]] = {None: [greedy(hf, p, NEW) for p in PROMPTS]}
+    for i, (name, r, alpha, targets, rslora) in enumerate(ADAPTERS):
+        peft_model = make_adapter(
+            hf, root / name, r=r, alpha=alpha, targets=targets, seed=i + 1, use_rslora=rslora
+        )
+        paths[name] = str(root / name)
+        refs[name] = [greedy(peft_model, p, NEW) for p in PROMPTS]
+    return {"folder": str(folder), "paths": paths, "refs": refs, "hf": hf, "root": root}
