@@ -1,5 +1,5 @@
 """A client that costs (almost) nothing: the same requests as the SDK clients of
-bench/serving/stream_vs_nonstream.py, sent over a kept-alive http.client connection, the answer
+bench/lib/sdk_client.py, sent over a kept-alive http.client connection, the answer
 read in 64 KiB pieces and parsed once at the end (no per-event parsing, no pydantic objects).
 
 Why: with the official SDKs the client process spends ~0.15-0.45 ms of CPU a streamed token (and

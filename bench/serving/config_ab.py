@@ -26,7 +26,7 @@ import openai
 
 from bench.lib.common import table, write_json
 from bench.lib.server_proc import RilletServer
-from bench.serving.stream_vs_nonstream import run_batch
+from bench.lib.timed_batch import run_batch
 
 
 def parse_config(text: str) -> tuple[str, list[str]]:
