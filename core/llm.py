@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from rillet.core.config import RilletConfig, load_config
 from rillet.core.engine.engine import Engine
-from rillet.core.engine.inbox import NewRequest
+from rillet.core.engine.inbox import NewEmbedding, NewRequest
 from rillet.core.outputs import SeqDelta
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import FinishReason, TokenLogprob
@@ -100,11 +100,13 @@ class LLM:
         """One vector per input (model.task embed or both), submitted at once; in input order."""
         vectors: dict[str, bytes] = {}
         order: list[str] = []
+        new: list[NewEmbedding] = []
         for item in inputs:
             ids = self.tokenizer.encode(item) if isinstance(item, str) else [int(t) for t in item]
             rid = uuid.uuid4().hex
             order.append(rid)
-            self.engine.add_embedding(rid, ids, dimensions)
+            new.append(NewEmbedding(rid, ids, dimensions))
+        self.engine.add_embeddings(new)  # one inbox item, all or none
 
         wanted = set(order)
 

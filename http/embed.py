@@ -1,10 +1,11 @@
 """One /v1/embeddings request from parsed body to answer: one engine request per input, collected.
 
-Each input is its own engine sequence (`Engine.add_embedding`), so a batch of inputs is scheduled
-like any prompts, beside the chat streams, within the step's token budget; each finishes with one
-delta carrying its vector, routed by the dispatcher to this request's stream like a non-streamed
-completion's. Whatever way the handler ends, `finally` unregisters the inputs and aborts those
-still in the engine (their KV blocks come back within a step).
+Each input is its own engine sequence, all queued as one (`Engine.add_embeddings`: all or none,
+taken by one step), so a batch of inputs is scheduled like any prompts, beside the chat streams,
+within the step's token budget; each finishes with one delta carrying its vector, routed by the
+dispatcher to this request's stream like a non-streamed completion's. Whatever way the handler
+ends, `finally` unregisters the inputs and aborts those still in the engine (their KV blocks come
+back within a step).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 import uuid
 
 from aiohttp import web
+from rillet.core.engine.inbox import NewEmbedding
 from rillet.core.errors import EngineDeadError, QueueFullError, RequestError
 from rillet.http.engine_api import EngineLike
 from rillet.http.openai.embeddings import EmbedRequest, embeddings_body
@@ -49,18 +51,14 @@ def _submit(state: ServerState, engine: EngineLike, req: EmbedRequest, stream: R
     assert disp is not None
     timeout = state.cfg.server.request_timeout_s
     deadline = time.monotonic() + timeout if timeout is not None else None
-    added: list[str] = []
+    inputs = zip(stream.engine_ids, req.inputs, strict=True)
     try:
-        for i, ids in enumerate(req.inputs):
-            eid = stream.engine_ids[i]
+        for i, eid in enumerate(stream.engine_ids):
             disp.register(eid, stream, i)
-            engine.add_embedding(eid, ids, req.dimensions, deadline)
-            added.append(eid)
+        engine.add_embeddings([NewEmbedding(eid, ids, req.dimensions, deadline) for eid, ids in inputs])
     except Exception as exc:
         for eid in stream.engine_ids:
             disp.unregister(eid)
-        for eid in added:
-            engine.abort(eid)
         if isinstance(exc, QueueFullError):
             raise queue_full(str(exc)) from exc
         if isinstance(exc, EngineDeadError):

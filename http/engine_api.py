@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from rillet.core.config import RilletConfig
-from rillet.core.engine.inbox import NewRequest
+from rillet.core.engine.inbox import NewEmbedding, NewRequest
 from rillet.core.outputs import StepOutput
 from rillet.core.ring import SpscRing
 from rillet.core.sampling_params import SamplingParams
@@ -79,13 +79,9 @@ class EngineLike(Protocol):
         """Queued as one: taken together by the engine's next step; all or none (raises)."""
         ...
 
-    def add_embedding(
-        self,
-        request_id: str,
-        prompt_ids: list[int],
-        dimensions: int | None = None,
-        deadline: float | None = None,
-    ) -> None: ...
+    def add_embeddings(self, inputs: Sequence[NewEmbedding]) -> None:
+        """One /v1/embeddings request's inputs, queued as one; all or none (raises)."""
+        ...
 
     def abort(self, request_id: str) -> None: ...
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from rillet.core.config import RilletConfig
 from rillet.core.engine.admission import Admission
 from rillet.core.engine.core import EngineCore
-from rillet.core.engine.inbox import Inbox, NewRequest
+from rillet.core.engine.inbox import Inbox, NewEmbedding, NewRequest
 from rillet.core.engine.overlap import resolve_overlap
 from rillet.core.engine.publisher import Publisher
 from rillet.core.engine.stats import EngineStats, collect_stats
@@ -196,10 +196,18 @@ class Engine:
         deadline: float | None = None,
     ) -> None:
         """One input of /v1/embeddings: a prompt-only sequence whose one delta carries its vector."""
+        self.add_embeddings([NewEmbedding(request_id, prompt_ids, dimensions, deadline)])
+
+    def add_embeddings(self, inputs: Sequence[NewEmbedding]) -> None:
+        """A request's inputs queued as one, all or none (as add_requests): each checked, then the
+        queue's room."""
+        if not inputs:
+            return
         self._check_alive()
-        seq = self.admission.embedding_seq(request_id, prompt_ids, dimensions, deadline)
-        self._check_room(1)
-        self._inbox.put([[seq]])
+        a = self.admission
+        seqs = [a.embedding_seq(e.request_id, e.prompt_ids, e.dimensions, e.deadline) for e in inputs]
+        self._check_room(len(seqs))
+        self._inbox.put([[seq] for seq in seqs])
 
     # ---- LoRA adapters (any thread) -------------------------------------------------------------
     def lora_adapters(self) -> list[AdapterInfo]:

@@ -36,6 +36,15 @@ class NewRequest(NamedTuple):
     lora: str | None = None
 
 
+class NewEmbedding(NamedTuple):
+    """One input of `Engine.add_embeddings` (the arguments of `add_embedding`)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    dimensions: int | None = None
+    deadline: float | None = None
+
+
 # A new request's sequences, several requests' (one put), or the id of a request to abort.
 _Item: TypeAlias = "list[Seq] | tuple[list[Seq], ...] | str"
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rillet.core.config import RilletConfig
-from rillet.core.engine.inbox import NewRequest
+from rillet.core.engine.inbox import NewEmbedding, NewRequest
 from rillet.core.errors import EngineDeadError, ErrorKind, QueueFullError, RequestError
 from rillet.core.outputs import SeqDelta, StepOutput
 from rillet.core.ring import RingClosed, SpscRing
@@ -175,13 +175,7 @@ class FakeEngine:
             seqs.append(_Seq(r.request_id, i, len(prompt_ids), params, r.deadline, offset, fail))
         return seqs
 
-    def add_embedding(
-        self,
-        request_id: str,
-        prompt_ids: list[int],
-        dimensions: int | None = None,
-        deadline: float | None = None,
-    ) -> None:
+    def add_embeddings(self, inputs: Sequence[NewEmbedding]) -> None:
         raise RequestError("model", "the fake engine does not embed")
 
     def abort(self, request_id: str) -> None:

@@ -9,7 +9,7 @@ import pytest
 from engine_hooks import hold_steps, scheduled_batches
 from rillet.core.config import config_from_dict
 from rillet.core.engine.engine import Engine
-from rillet.core.engine.inbox import NewRequest
+from rillet.core.engine.inbox import NewEmbedding, NewRequest
 from rillet.core.errors import QueueFullError
 from rillet.core.llm import LLM
 from rillet.core.sampling_params import SamplingParams
@@ -123,3 +123,32 @@ def test_add_requests_queues_all_or_none() -> None:
     assert eng.stats().waiting == 0
     eng.add_requests([NewRequest(r, [5, 6], p) for r in "ab"])
     assert eng.stats().waiting == 2
+
+
+def test_embedding_inputs_are_queued_as_one_all_or_none() -> None:
+    """One /v1/embeddings request's inputs (add_embeddings, LLM.embed's way too): a refused input
+    or a full queue queues none of them; accepted, the step that first schedules any of them
+    schedules all."""
+    synthetic = {"kind": "synthetic", "synthetic_step_ms": 1.0, "task": "both"}
+    c = config_from_dict({"model": synthetic, "scheduler": {"max_waiting": 3}})
+    eng = Engine(c)  # not started yet: nothing leaves the inbox
+    try:
+        with pytest.raises(QueueFullError):
+            eng.add_embeddings([NewEmbedding(r, [5, 6]) for r in "abcd"])
+        with pytest.raises(ValueError, match="input"):
+            eng.add_embeddings([NewEmbedding("a", [5, 6]), NewEmbedding("empty", [])])
+        assert eng.stats().waiting == 0
+        eng.start()
+        with scheduled_batches(eng) as batches:
+            for round_ in range(5):
+                rids = [f"e{round_}-{i}" for i in range(3)]
+                eng.add_embeddings([NewEmbedding(rid, [5 + i, 6, 7]) for i, rid in enumerate(rids)])
+                assert eng.wait_idle(30)
+                first = next(b for b in batches if b & set(rids))
+                assert first >= set(rids), batches
+                outs = eng.ring.pop_all()
+                done = {d.request_id for o in outs for d in o.deltas if d.embedding is not None}
+                assert done == set(rids)
+        assert eng.stats().kv_blocks_used == 0
+    finally:
+        eng.shutdown()
