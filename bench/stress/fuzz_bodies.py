@@ -1,5 +1,6 @@
-"""Long fuzzing run: `--cases` hostile bodies (default 10,000) split over both endpoints and both
-families (random JSON, almost-valid), through one loopback server; prints the status histogram.
+"""Long fuzzing run: `--cases` hostile bodies (default 10,000) split over the four generation
+endpoints (chat, completions, /v1/responses, /v1/messages) and both families (random JSON,
+almost-valid), through one loopback server; prints the status histogram.
 
     .venv/bin/python -m bench.stress.fuzz_bodies --cases 10000
     .venv/bin/python -m bench.stress.fuzz_bodies --cases 2000 --engine tiny   # real sampler path
@@ -19,8 +20,10 @@ from typing import Any
 from bench.lib.common import use_test_support
 
 use_test_support()  # the raw HTTP client, engine hooks and attack libraries of tests/support
+from fuzzing.api_bodies import almost_valid_api_body, random_api_body  # noqa: E402
 from fuzzing.chat_bodies import almost_valid_body, random_body  # noqa: E402
 from fuzzing.client import Client  # noqa: E402
+from fuzzing.values import MESSAGES, RESPONSES  # noqa: E402
 from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 from rel_helpers import CHAT, COMP, assert_all_released, assert_serves, served  # noqa: E402
 
@@ -54,14 +57,19 @@ def main() -> int:
     ap.add_argument("--engine", choices=sorted(ENGINES), default="synthetic")
     ap.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: random)")
     args = ap.parse_args()
-    per_run = max(1, args.cases // 4)
+    per_run = max(1, args.cases // 8)
     t0 = time.monotonic()
     with served(*BASE, *ENGINES[args.engine]) as (engine, srv):
         model = engine.model_name
         client = Client(srv.host, srv.port)
-        for path in (CHAT, COMP):
-            kind = "chat" if path == CHAT else "completion"
-            for family in (random_body(kind), almost_valid_body(kind, model)):
+        families = {
+            CHAT: (random_body("chat"), almost_valid_body("chat", model)),
+            COMP: (random_body("completion"), almost_valid_body("completion", model)),
+            RESPONSES: (random_api_body("responses"), almost_valid_api_body("responses", model)),
+            MESSAGES: (random_api_body("messages"), almost_valid_api_body("messages", model)),
+        }
+        for path, pair in families.items():
+            for family in pair:
                 fuzz(client, path, family, per_run, args.seed)
                 print(f"{path}: {client.cases} cases so far, {time.monotonic() - t0:.0f} s", flush=True)
         client.close()
@@ -69,7 +77,7 @@ def main() -> int:
         assert_serves(srv, model)
     statuses = dict(sorted(client.statuses.items()))
     print(f"fuzz ({args.engine}): {client.cases} cases in {time.monotonic() - t0:.0f} s; statuses {statuses}")
-    print("no 5xx, every 4xx in the OpenAI error shape, streams well-formed, pool whole, server serving")
+    print("no 5xx, every 4xx in its API's error shape, streams well-formed, pool whole, server serving")
     return 0
 
 

@@ -1,6 +1,6 @@
 """The checks on /v1/responses and /v1/messages answers: Anthropic's error shape (every 4xx on
 /v1/messages), well-formed Response and Message objects, and SSE streams of named events that end as
-their API ends one, with no error event. Client.check_api (fuzzing/client.py) applies them.
+their API ends one, with no error event. Client.check (fuzzing/client.py) applies them.
 """
 
 from __future__ import annotations

@@ -59,28 +59,22 @@ class Client:
 
     def check(self, path: str, body: bytes) -> None:
         """Sends one body; asserts the answer is a legal one."""
+        answer = self._answer(path, body)
+        if answer is None:
+            return
+        headers, data, context = answer
         if path in (RESPONSES, MESSAGES):
-            self.check_api(path, body)
-            return
-        status, headers, data = self.post(path, body)
-        self.cases += 1
-        self.statuses[status] += 1
-        context = f"{path} {body[:300]!r} -> {status} {data[:500]!r}"
-        assert status < 500, context
-        if status >= 400:
-            assert headers.get("content-type", "").startswith("application/json"), context
-            assert is_openai_error(orjson.loads(data)), context
-            return
-        assert status == 200, context
-        if headers.get("content-type", "").startswith("text/event-stream"):
+            self._check_api(path, headers, data, context)
+        elif headers.get("content-type", "").startswith("text/event-stream"):
             check_sse(data, context)
         elif path == EMB:
             check_embeddings(orjson.loads(data), context)
         else:
             check_completion(orjson.loads(data), path == CHAT, context)
 
-    def check_api(self, path: str, body: bytes) -> None:
-        """/v1/responses and /v1/messages: answers in their APIs' shapes."""
+    def _answer(self, path: str, body: bytes) -> tuple[dict[str, str], bytes, str] | None:
+        """Sends one body and counts its status: never a 5xx, an error in its API's shape (then
+        None); otherwise a 200's (headers, body, context for assertion messages)."""
         status, headers, data = self.post(path, body)
         self.cases += 1
         self.statuses[status] += 1
@@ -90,8 +84,12 @@ class Client:
             assert headers.get("content-type", "").startswith("application/json"), context
             error = orjson.loads(data)
             assert (is_anthropic_error if path == MESSAGES else is_openai_error)(error), context
-            return
+            return None
         assert status == 200, context
+        return headers, data, context
+
+    def _check_api(self, path: str, headers: dict[str, str], data: bytes, context: str) -> None:
+        """/v1/responses and /v1/messages: answers in their APIs' shapes."""
         if headers.get("content-type", "").startswith("text/event-stream"):
             events = named_events(data, context)
             if path == RESPONSES:
