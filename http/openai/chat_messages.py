@@ -7,6 +7,7 @@ How tool turns reach the prompt (natively, or rewritten as text) is tool_prompt.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rillet.http.openai.errors import bad_request, unsupported
@@ -37,7 +38,7 @@ def _message(msg: Any, where: str) -> dict[str, Any]:
     calls = msg.get("tool_calls")
     if content is None and role == "assistant":
         content = ""
-    out: dict[str, Any] = {"role": _ROLES[role], "content": _content(content, f"{where}.content")}
+    out: dict[str, Any] = {"role": _ROLES[role], "content": text_content(content, f"{where}.content")}
     if calls is not None and calls != []:
         if role != "assistant":
             raise bad_request(
@@ -81,8 +82,12 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
-def _content(content: Any, where: str) -> str:
-    """A string, or a list of `{"type": "text", "text": ...}` parts (joined with newlines, as vLLM does)."""
+# A content part's type -> the key of its text. Chat's parts; /v1/responses passes its own.
+CHAT_PARTS: Mapping[str, str] = {"text": "text"}
+
+
+def text_content(content: Any, where: str, parts: Mapping[str, str] = CHAT_PARTS) -> str:
+    """A string, or a list of text parts (of the types in `parts`) joined with newlines, as vLLM does."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -93,11 +98,14 @@ def _content(content: Any, where: str) -> str:
     for j, part in enumerate(content):
         spot = f"{where}[{j}]"
         if not isinstance(part, dict):
-            raise bad_request(f"'{spot}' must be an object", param=spot)
-        if part.get("type") != "text":
-            raise unsupported(f"{spot}.type", f"{part.get('type')!r} is not supported (only 'text' parts)")
-        text = part.get("text")
+            raise bad_request(f"'{spot}' must be an object, got {type_name(part)}", param=spot)
+        kind = part.get("type")
+        key = parts.get(kind) if isinstance(kind, str) else None
+        if key is None:
+            known = ", ".join(repr(k) for k in parts)
+            raise unsupported(f"{spot}.type", f"{kind!r} is not supported (only {known} parts)")
+        text = part.get(key)
         if not isinstance(text, str):
-            raise bad_request(f"'{spot}.text' must be a string", param=f"{spot}.text")
+            raise bad_request(f"'{spot}.{key}' must be a string", param=f"{spot}.{key}")
         texts.append(text)
     return "\n".join(texts)

@@ -4,6 +4,7 @@ grammar), or a 400 naming the field."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -68,10 +69,17 @@ class ToolSetup:
 def parse_tools(body: Body) -> ToolSetup | None:
     """None when the request has no tools or `tool_choice` is "none" (tools then play no part)."""
     tools = _tools(body.get("tools"))
-    choice = body.get("tool_choice")
-    parallel = opt_bool(body, "parallel_tool_calls")
+    parallel = opt_bool(body, "parallel_tool_calls") is not False
+    return choose_tools(tools, body.get("tool_choice"), parallel, _named_choice)
+
+
+def choose_tools(
+    tools: tuple[Tool, ...], choice: Any, parallel: bool, named: Callable[[Any], str]
+) -> ToolSetup | None:
+    """`tool_choice` over parsed tools: none | auto (the default) | required, or a named function,
+    whose name `named` reads in its API's shape (or raises its 400). None: tools play no part."""
     if choice is None:
-        choice = "auto" if tools else "none"
+        choice = "auto"
     if isinstance(choice, str):
         if choice not in ("none", "auto", "required"):
             raise bad_request(
@@ -82,13 +90,13 @@ def parse_tools(body: Body) -> ToolSetup | None:
             raise bad_request("'tool_choice' required needs a non-empty 'tools'", param="tool_choice")
         if choice == "none" or not tools:
             return None
-        return ToolSetup(tools, "auto" if choice == "auto" else "required", None, parallel is not False)
-    name = _named_choice(choice)
+        return ToolSetup(tools, "auto" if choice == "auto" else "required", None, parallel)
+    name = named(choice)
     if name not in {t.name for t in tools}:
         raise bad_request(
             f"'tool_choice' names function {name!r}, which is not in 'tools'", param="tool_choice"
         )
-    return ToolSetup(tools, "named", name, parallel is not False)
+    return ToolSetup(tools, "named", name, parallel)
 
 
 def _named_choice(choice: Any) -> str:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from rillet.http.openai.chat_messages import text_content
 from rillet.http.openai.errors import bad_request, unsupported
 from rillet.http.openai.fields import type_name
 
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
-_TEXT_PARTS = ("input_text", "output_text", "text")
+# A content part's type -> the key of its text
+_TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
 _SKIPPED = ("reasoning",)
 
 
@@ -56,33 +58,8 @@ def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
             f"'{where}.role' must be one of assistant, developer, system, user, got {role!r}",
             param=f"{where}.role",
         )
-    return {"role": _ROLES[role], "content": text_content(item.get("content"), f"{where}.content")}
-
-
-def text_content(content: Any, where: str) -> str:
-    """A string, or text parts joined with newlines (as chat_messages.py does)."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise bad_request(
-            f"'{where}' must be a string or an array of parts, got {type_name(content)}", param=where
-        )
-    texts = []
-    for j, part in enumerate(content):
-        spot = f"{where}[{j}]"
-        if not isinstance(part, dict):
-            raise bad_request(f"'{spot}' must be an object, got {type_name(part)}", param=spot)
-        kind = part.get("type")
-        if kind == "refusal":
-            text = part.get("refusal")
-        elif kind in _TEXT_PARTS:
-            text = part.get("text")
-        else:
-            raise unsupported(f"{spot}.type", f"{kind!r} is not supported (text parts only)")
-        if not isinstance(text, str):
-            raise bad_request(f"'{spot}.text' must be a string", param=f"{spot}.text")
-        texts.append(text)
-    return "\n".join(texts)
+    content = text_content(item.get("content"), f"{where}.content", _TEXT_PARTS)
+    return {"role": _ROLES[role], "content": content}
 
 
 def _function_call(item: dict[str, Any], where: str, out: list[dict[str, Any]]) -> None:
@@ -106,5 +83,5 @@ def _function_output(item: dict[str, Any], where: str) -> dict[str, Any]:
         raise bad_request(
             f"'{where}.call_id' must be a string, got {type_name(call_id)}", param=f"{where}.call_id"
         )
-    output = text_content(item.get("output"), f"{where}.output")
+    output = text_content(item.get("output"), f"{where}.output", _TEXT_PARTS)
     return {"role": "tool", "content": output, "tool_call_id": call_id}

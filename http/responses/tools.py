@@ -11,37 +11,23 @@ from typing import Any
 
 from rillet.http.openai.errors import bad_request, unsupported
 from rillet.http.openai.fields import Body, opt_bool, type_name
-from rillet.http.openai.tools import Tool, ToolSetup, make_tool, unique_names
+from rillet.http.openai.tools import Tool, ToolSetup, choose_tools, make_tool, unique_names
 
 
 def parse_tools(body: Body) -> ToolSetup | None:
     tools = _tools(body.get("tools"))
-    choice = body.get("tool_choice")
     parallel = opt_bool(body, "parallel_tool_calls") is not False
-    if choice is None:
-        choice = "auto"
-    if isinstance(choice, str):
-        if choice not in ("none", "auto", "required"):
-            raise bad_request(
-                f"'tool_choice' must be none, auto, required or a function object, got {choice!r}",
-                param="tool_choice",
-            )
-        if choice == "required" and not tools:
-            raise bad_request("'tool_choice' required needs a non-empty 'tools'", param="tool_choice")
-        if choice == "none" or not tools:
-            return None
-        return ToolSetup(tools, "auto" if choice == "auto" else "required", None, parallel)
+    return choose_tools(tools, body.get("tool_choice"), parallel, _named_choice)
+
+
+def _named_choice(choice: Any) -> str:
     name = choice.get("name") if isinstance(choice, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
         raise bad_request(
             '\'tool_choice\' must be none, auto, required or {"type": "function", "name": ...}',
             param="tool_choice",
         )
-    if name not in {t.name for t in tools}:
-        raise bad_request(
-            f"'tool_choice' names function {name!r}, which is not in 'tools'", param="tool_choice"
-        )
-    return ToolSetup(tools, "named", name, parallel)
+    return name
 
 
 def _tools(value: Any) -> tuple[Tool, ...]:

@@ -143,3 +143,18 @@ def test_constrained_requests_get_the_default_repetition_penalty(
     assert plain.grammar is None and not plain.has_penalties
     off = Limits("m", 100, 80, 50, 4, vocab_size=257)  # structured.repetition_penalty: 1.0
     assert not parse_chat(chat(**fmt), TOK, off).params[0].has_penalties
+
+
+def test_chat_content_parts_name_the_spot_they_refuse() -> None:
+    """Chat takes `text` parts only (the same parser as /v1/responses, with its own part types)."""
+    cases = [
+        ([{"type": "image_url", "image_url": {"url": "x"}}], "messages[0].content[0].type"),
+        ([{"type": "input_text", "text": "a"}], "messages[0].content[0].type"),  # a Responses part
+        ([{"type": "text", "text": None}], "messages[0].content[0].text"),
+        ([7], "messages[0].content[0]"),
+        (7, "messages[0].content"),
+    ]
+    for content, param in cases:
+        with pytest.raises(ApiError) as err:
+            parse_chat(chat(messages=[{"role": "user", "content": content}]), TOK, LIMITS)
+        assert (err.value.status, err.value.param) == (400, param), content

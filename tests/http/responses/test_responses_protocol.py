@@ -111,3 +111,31 @@ def test_the_store_is_bounded_and_expires() -> None:
     empty = ResponseStore(0, 10.0)
     empty.put("x", {}, [])
     assert empty.get("x") is None
+
+
+def test_content_parts_name_the_spot_they_refuse() -> None:
+    """Responses' parts (input_text, output_text, refusal) through chat's text_content: a refusal
+    counts as text; a part of another type, or one whose text is not a string, names its spot."""
+    refused = [{"type": "output_text", "text": "a"}, {"type": "refusal", "refusal": "no"}]
+    assert input_messages([{"role": "assistant", "content": refused}]) == [
+        {"role": "assistant", "content": "a\nno"}
+    ]
+    bad = [
+        ([{"type": "input_image", "image_url": "x"}], "input[0].content[0].type", 400),
+        ([{"type": "input_text", "text": 3}], "input[0].content[0].text", 400),
+        ([{"type": "refusal", "text": "no"}], "input[0].content[0].refusal", 400),
+        (["text"], "input[0].content[0]", 400),
+    ]
+    for content, param, status in bad:
+        with pytest.raises(ApiError) as err:
+            input_messages([{"role": "user", "content": content}])
+        assert (err.value.param, err.value.status) == (param, status), content
+
+
+@pytest.mark.parametrize("choice", ["sometimes", {"type": "function"}, {"type": "function", "name": "g"}])
+def test_bad_tool_choice_is_a_400(choice: Any) -> None:
+    with pytest.raises(ApiError) as err:
+        _parse(tools=[FN], tool_choice=choice)
+    assert (err.value.status, err.value.param) == (400, "tool_choice")
+    with pytest.raises(ApiError):
+        _parse(tool_choice="required")  # required with no tools
