@@ -6,7 +6,7 @@ A process, not a thread: a compile in a thread holds this process's GIL for seco
 the child's. The child sets its own nice value to 19 before it imports torch, so its OpenMP
 threads and the compiler processes Inductor forks run only on what the server leaves of the cores.
 It loads the model from the same config (the same weights, hence the same keys), builds what is
-missing, saves it, and exits; the server then loads the artifacts (graphs/compiled.py).
+missing, saves it, and exits; the server then loads the artifacts (graphs/aot/artifact_steps.py).
 
 Its standard error (Inductor's warnings and autotuning tables, a traceback) goes to a log file
 beside the artifacts (`build.log`); its progress lines (standard output) are logged here.

@@ -23,7 +23,8 @@ from rillet.core.runner.graph_adapter import DecoderGraphAdapter
 from rillet.graphs.aot.saved import AotPlan
 from rillet.graphs.aot.store import ArtifactStore
 from rillet.graphs.compile_modes import resolve_compile_mode, set_compile_cache_dir
-from rillet.graphs.runner import GraphRunner, resolve_decode_mode
+from rillet.graphs.decode_mode import resolve_decode_mode
+from rillet.graphs.runner import GraphRunner
 
 log = logging.getLogger(__name__)
 

@@ -49,3 +49,11 @@ def select_bucket(batch: int, buckets: Sequence[int]) -> int | None:
         raise ValueError(f"decode batch must have >= 1 rows, got {batch}")
     i = bisect.bisect_left(buckets, batch)
     return buckets[i] if i < len(buckets) else None
+
+
+def verify_buckets(buckets: tuple[int, ...], max_rows: int) -> tuple[int, ...]:
+    """Decode buckets up to the first that holds `max_rows` rows (verify steps never have more:
+    no sequence drafts while more than speculative.max_batch run)."""
+    top = select_bucket(max(1, min(max_rows, buckets[-1])), buckets)
+    assert top is not None
+    return tuple(b for b in buckets if b <= top)

@@ -1,5 +1,6 @@
 """torch.compile's settings for the compiled decode step: its mode, Inductor's cache folder, the
-dynamic dimensions of a batch, and the compile call itself (graphs/compiled.py builds with them).
+dynamic dimensions of a batch (and the example sizes that keep them symbols), and the compile call
+itself (graphs/compiled.py builds with them).
 
 Modes starting with "max-autotune" freeze the weights on CPU (`freezes`): Inductor's CPU GEMM
 templates only take weights it may treat as constants, and its weight-only int4 template
@@ -21,6 +22,10 @@ from rillet.graphs.interface import DecodeBatch
 logger = logging.getLogger(__name__)
 
 StepFn = TypeVar("StepFn", bound=Callable[..., torch.Tensor])
+DecodeFn = Callable[[DecodeBatch], torch.Tensor]
+
+MIN_WIDTH = 2  # block-table columns; 1 would be specialised (a compile of its own)
+COMPILE_ROWS, COMPILE_WIDTH = 2, 3  # example sizes: distinct, so dynamo keeps two symbols
 
 
 def set_compile_cache_dir(base: Path) -> Path:

@@ -14,35 +14,29 @@ general graph works (a bool read by the engine between steps: the switch is atom
 Inductor's on-disk caches (FX graph and AOTAutograd) live under `cache_dir`, so a restart
 re-traces with dynamo (seconds) but compiles no C++.
 
-Under `graphs.enabled: auto` the compiled step is kept only if it measures no slower than eager,
-and that measurement runs on the model's own thread (`poll()`, called by the engine between
-steps) once the compile thread has ended, never on the compile thread: torch's OpenMP pool
-belongs to the thread that built the model, and a forward on any other thread ran 2.3x slower
-(measured: 19-21 ms vs 8.2 ms at batch 2, eager), enough to time the tuned step below as slower
-than eager (25.5 vs 22.9 ms) when on the engine thread it is 1.7x faster.
-
-With an artifact plan (`plan`: graphs/aot/), the step is first looked up as a saved AOTInductor
-library under the model's key, and built and saved when there is none (in a niced child process
-when the plan has a builder): a restart then loads it in a second or two and compiles nothing.
-Its row dimension starts at 1 (export keeps that symbol), so the one library serves batch 1 as
-well, and the KV pool's block count is an input dimension: another pool size reuses it. When no
-plan is given, or the model cannot be saved, or the artifact path fails, the step is compiled
-with torch.compile as described above.
+Under `graphs.enabled: auto` the step is used only once it has been timed against eager on the
+model's own thread (SpeedCheck: graphs/speed_check.py). With an artifact plan (`plan`), the step
+is first looked up as a saved AOTInductor library, or built and saved, and compiled with
+torch.compile only when that cannot be (ArtifactSteps: graphs/aot/artifact_steps.py).
 """
 
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import cast
 
 import torch
-from rillet.graphs.aot.saved import AotPlan, Progress, SavedSteps
-from rillet.graphs.aot.step import SavedDecode
-from rillet.graphs.compile_modes import compile_decode, freezes, mark_batch_dynamic
+from rillet.graphs.aot.artifact_steps import ArtifactSteps
+from rillet.graphs.aot.saved import AotPlan
+from rillet.graphs.compile_modes import (
+    COMPILE_ROWS,
+    COMPILE_WIDTH,
+    DecodeFn,
+    compile_decode,
+    freezes,
+    mark_batch_dynamic,
+)
 from rillet.graphs.compile_thread import (
     COMPILE_SWITCH_INTERVAL_S,
     cache_hits,
@@ -51,24 +45,15 @@ from rillet.graphs.compile_thread import (
     summary,
 )
 from rillet.graphs.frozen import frozen_weights
-from rillet.graphs.interface import DecodeBatch, DecodeModel, SavableModel
+from rillet.graphs.interface import DecodeBatch, DecodeModel
+from rillet.graphs.speed_check import SpeedCheck
 from rillet.graphs.static_buffers import StaticBuffers
 from rillet.graphs.verify import CompiledVerify
 
 logger = logging.getLogger(__name__)
 
-MIN_WIDTH = 2  # block-table columns; 1 would be specialised (a compile of its own)
-COMPILE_ROWS, COMPILE_WIDTH = 2, 3  # example sizes: distinct, so dynamo keeps two symbols
-CHECK_RUNS = 7  # timed calls of each path for `graphs.enabled: auto`, interleaved
-# auto keeps the compiled step unless it measures this much slower than eager: the check runs
-# between two engine steps of a live server (the host's other threads busy), which can slow
-# either path by 30 % for a moment; compiled measured 1.2-1.7x faster on every CPU model tried
-SLOWER_THAN_EAGER = 1.10
 
-DecodeFn = Callable[[DecodeBatch], torch.Tensor]
-
-
-class CompiledDecode:
+class CompiledDecode(SpeedCheck, ArtifactSteps):
     """The compiled decode function of one model, for CPU; see the module docstring."""
 
     def __init__(
@@ -132,15 +117,6 @@ class CompiledDecode:
             self._check_due = False
             self.failed = "the engine closed before the compiled step was timed"
             self._done.set()
-
-    def poll(self) -> None:
-        """On the model's own thread, between steps (the engine calls it, idle or not): under
-        `graphs.enabled: auto`, once the compile thread has ended, time the compiled step against
-        eager here and switch to it if it is no slower. Otherwise nothing (an attribute read)."""
-        if not self._check_due or (self._thread is not None and self._thread.is_alive()):
-            return
-        self._check_due = False
-        self._decide()
 
     def wait(self, timeout: float | None = None) -> bool:
         """True once compiling has finished (ready, or given up): under auto, once poll() has
@@ -223,74 +199,6 @@ class CompiledDecode:
         else:
             self.settled = True
 
-    def _from_artifacts(self, plan: AotPlan) -> bool:
-        """The steps from saved artifacts (built first if missing); False: compile them instead."""
-        verify = self.verify
-        try:
-            steps = self._saved_steps(plan)
-            if steps is None:
-                logger.info("decode step: this model's compiled step cannot be saved (torch.compile)")
-                return False
-            got = steps.obtain(self._example(), verify.example() if verify else None, self._stopping)
-        except Exception as exc:  # a failed build or load: torch.compile, as without artifacts
-            logger.warning("compiled artifacts unusable (%s): compiling with torch.compile", summary(exc))
-            return False
-        if got is None:
-            return True  # the engine is closing: nothing is published
-        self.fn, self.seconds = got.decode, got.seconds
-        if verify is not None and got.verify is not None:
-            verify.use(got.verify)
-        if not self.check_faster:
-            self.ready_1 = self.with_batch_1  # one library serves every row count
-            self.ready = True
-            logger.info("decode step: compiled graph in use (saved artifact)")
-        self._add_small(steps, got.decode)
-        return True
-
-    def _add_small(self, steps: SavedSteps, general: SavedDecode) -> None:
-        """The small-batch step beside the general one once it is built (a first start builds it
-        last, while the general step already serves); a failure leaves the general step alone."""
-        try:
-            both = steps.with_small(general, self._example(), self._stopping)
-        except Exception as exc:
-            logger.warning(
-                "small-batch decode step off (%s): every batch takes the general step", summary(exc)
-            )
-            return
-        if both is not None:
-            self.fn = both  # one attribute write: the engine thread's next step takes it
-            logger.info("decode step: batches of up to %d rows take the small-batch step", both.rows)
-
-    def build_artifacts(
-        self, progress: Progress | None = None, names: Sequence[str] | None = None
-    ) -> list[str]:
-        """The missing saved steps (of `names`, else all), built in this process (see
-        GraphRunner.build_artifacts)."""
-        steps = self._saved_steps(self.plan) if self.plan is not None else None
-        if steps is None:
-            raise RuntimeError("nothing is saved for this step (no plan, or a model that cannot be)")
-        missing = steps.missing([n for n in steps.keys if names is None or n in names])
-        with torch.inference_mode():
-            example = self.verify.example() if self.verify is not None else None
-            steps.build(missing, self._example(), example, progress)
-        return missing
-
-    def _saved_steps(self, plan: AotPlan) -> SavedSteps | None:
-        model = cast(SavableModel, self.model)
-        if model.graph_key() is None:
-            return None
-        return SavedSteps(
-            model,
-            plan,
-            self.compile_mode,
-            self.freeze,
-            verify=self.verify is not None,
-            small_rows=self.small_batch,
-        )
-
-    def _example(self) -> DecodeBatch:
-        return self._warm.padding(COMPILE_ROWS, COMPILE_WIDTH)
-
     def _compile_verify(self, verify: CompiledVerify) -> None:
         """A failed verify compile leaves verify steps eager; the decode graphs stay in use."""
         try:
@@ -301,22 +209,6 @@ class CompiledDecode:
             verify.failed = summary(exc)
             logger.warning("compiled verify step off, verifying eager: compile failed (%s)", verify.failed)
 
-    def _decide(self) -> None:
-        """graphs.enabled auto, on the model's thread: keep the compiled step if it is no slower."""
-        assert self._check_batch is not None
-        try:
-            with torch.inference_mode():
-                keep = self._faster(self._check_batch)
-        except Exception as exc:  # the compiled step failed to run: stay eager
-            self.failed = summary(exc)
-            logger.warning("compiled decode off, serving eager: the compiled step failed (%s)", self.failed)
-            keep = False
-        if keep:
-            self.ready_1 = self.with_batch_1  # before `ready`: the engine reads them in that order
-            self.ready = True
-            self.settled = True
-        self._done.set()
-
     def _timed(self, name: str, batch: DecodeBatch) -> None:
         hits = cache_hits()
         start = time.perf_counter()
@@ -326,22 +218,3 @@ class CompiledDecode:
         self.seconds[name] = time.perf_counter() - start
         cached = "Inductor cache hit" if cache_hits() > hits else "compiled"
         logger.info("decode graph for %s: %.1f s (%s)", name, self.seconds[name], cached)
-
-    def _faster(self, batch: DecodeBatch) -> bool:
-        """graphs.enabled auto: time both paths on the same small batch, interleaved; keep the
-        compiled step unless its median is clearly slower (SLOWER_THAN_EAGER)."""
-        eager: list[float] = []
-        compiled: list[float] = []
-        for _ in range(CHECK_RUNS):
-            for fn, times in ((self.model.forward_decode, eager), (self.fn, compiled)):
-                self.model.prepare_decode(batch)
-                t0 = time.perf_counter()
-                fn(batch)
-                times.append(time.perf_counter() - t0)
-        e, c = statistics.median(eager) * 1e3, statistics.median(compiled) * 1e3
-        if c <= e * SLOWER_THAN_EAGER:
-            logger.info("decode step: compiled %.2f vs eager %.2f ms a step (batch 2): compiled in use", c, e)
-            return True
-        self.failed = f"compiled {c:.2f} ms vs eager {e:.2f} ms per step (batch 2): slower"
-        logger.info("decode step stays eager: %s", self.failed)
-        return False

@@ -1,10 +1,8 @@
 """GraphRunner: the decode step as a graph, per device.
 
-- CUDA: the model's decode forward is compiled with torch.compile (fullgraph, the batch dimension
-  dynamic: one compile serves every bucket above 1, bucket 1 gets its own) and captured once per
-  bucket, largest first, all graphs in one memory pool: a smaller graph then reuses the blocks the
-  larger one freed. run() pads a b-row batch up to its bucket in the static buffers, lets the model
-  plan on the host, replays, and returns the first b output rows.
+- CUDA: one graph per bucket, captured at start-up (graphs/cuda_capture.py). run() pads a b-row
+  batch up to its bucket in the static buffers, lets the model plan on the host, replays, and
+  returns the first b output rows.
 - CPU: the same forward compiled by torch.compile (graphs/compiled.py), built on a background
   thread while steps run eager; "replay" is a call of the compiled function on the static buffers.
   A step runs at its exact row count (no padding: the dimension is dynamic, padding would only add
@@ -20,55 +18,23 @@ and every tensor the model read while capturing must stay where they are for the
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any, Literal, cast
+from collections.abc import Sequence
+from typing import cast
 
 import torch
 from rillet.graphs.aot.saved import AotPlan, Progress
 from rillet.graphs.aot.step import ByRows, small_batch_rows
-from rillet.graphs.buckets import resolve_buckets, select_bucket
-from rillet.graphs.compile_modes import compile_decode, mark_batch_dynamic
-from rillet.graphs.compiled import MIN_WIDTH, CompiledDecode
+from rillet.graphs.buckets import resolve_buckets, select_bucket, verify_buckets
+from rillet.graphs.compile_modes import MIN_WIDTH, compile_decode
+from rillet.graphs.compiled import CompiledDecode
+from rillet.graphs.cuda_capture import CudaCapture
+from rillet.graphs.decode_mode import resolve_decode_mode
 from rillet.graphs.interface import DecodeBatch, DecodeModel, GraphSettings, VerifyBatch, VerifyModel
 from rillet.graphs.static_buffers import StaticBuffers
-from rillet.graphs.verify import CompiledVerify, VerifyBuffers, as_decode_rows, mark_verify_dynamic
-
-logger = logging.getLogger(__name__)
-
-WARMUP_RUNS = 2  # the first call of a new shape compiles; the second runs what will be captured
-
-DecodeMode = Literal["cuda_graphs", "compiled", "eager"]
+from rillet.graphs.verify import CompiledVerify, VerifyBuffers, as_decode_rows
 
 
-def resolve_decode_mode(settings: GraphSettings, device: torch.device) -> tuple[DecodeMode, str]:
-    """graphs.enabled and graphs.compile_mode for a device -> (mode, why), for the start-up log.
-
-    CUDA: auto/on = CUDA graphs. CPU: auto/on = the compiled step (auto keeps it only if it
-    measures faster than eager at start-up), unless compile_mode is none (nothing to compile).
-    """
-    enabled = settings.enabled
-    if enabled not in ("auto", "on", "off"):
-        raise ValueError(f"config key 'graphs.enabled': expected 'auto', 'on' or 'off', got {enabled!r}")
-    if enabled == "off":
-        return "eager", "graphs.enabled is off"
-    if device.type == "cuda":
-        return "cuda_graphs", f"graphs.enabled {enabled} on CUDA"
-    if settings.compile_mode == "none":
-        if enabled == "on":
-            raise ValueError(
-                "config key 'graphs.enabled': 'on' on CPU means the torch.compile'd decode step, "
-                "but graphs.compile_mode is 'none'; set a compile mode or use 'auto'/'off'"
-            )
-        return "eager", "graphs.compile_mode is none (nothing to compile on CPU)"
-    if enabled == "on":
-        return "compiled", "graphs.enabled on: compiled decode step on CPU (torch.compile)"
-    return "compiled", "graphs.enabled auto on CPU: compiled decode step if it measures faster than eager"
-
-
-class GraphRunner:
+class GraphRunner(CudaCapture):
     def __init__(
         self,
         model: DecodeModel,
@@ -104,7 +70,7 @@ class GraphRunner:
         self.verify_static: VerifyBuffers | None = None
         if verify_queries and self.mode != "eager":
             vmodel = cast(VerifyModel, model)
-            self.verify_buckets = _verify_buckets(self.buckets, verify_max_rows)
+            self.verify_buckets = verify_buckets(self.buckets, verify_max_rows)
             rows = max(self.verify_buckets[-1], 2)
             self.verify_static = VerifyBuffers.allocate(rows, verify_queries, max_blocks_per_seq, self.device)
             if self.mode == "compiled":
@@ -138,10 +104,6 @@ class GraphRunner:
         self.num_replays = 0  # CUDA graph replays, and calls of the compiled CPU step
         self.num_padded_eager = 0
         self.num_eager = 0
-
-    @property
-    def captured_buckets(self) -> tuple[int, ...]:
-        return tuple(sorted(self._graphs))
 
     def start_compile(self, background: bool = True) -> None:
         """CPU: build the compiled step (on a thread of its own by default); steps run eager until
@@ -264,85 +226,3 @@ class GraphRunner:
         if compiled is None or not compiled.ready or not isinstance(compiled.fn, ByRows):
             return 0
         return min(compiled.fn.rows, self.buckets[-1])
-
-    def _capture_verify(self, fn: Callable[[VerifyBatch], torch.Tensor], rows: int, pool: Any) -> None:
-        assert self.verify_static is not None
-        batch = self.verify_static.padding(rows)
-        vmodel = cast(VerifyModel, self.model)
-        vmodel.prepare_verify(batch)
-        if rows > 1:
-            mark_verify_dynamic(batch, strict=False)
-        for _ in range(WARMUP_RUNS):
-            fn(batch)
-        torch.cuda.synchronize(self.device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            out = fn(batch)
-        self._verify_graphs[rows], self._verify_outputs[rows] = graph, out
-
-    def capture(self) -> None:
-        """Compile and capture one graph per bucket, largest first, into one memory pool."""
-        if not self.use_graphs or self.static is None:
-            raise RuntimeError(f"capture() needs graphs enabled on a CUDA device (device: {self.device})")
-        fn = self._compiled_forward()
-        pool = torch.cuda.graph_pool_handle()
-        start = time.perf_counter()
-        with torch.inference_mode(), _recompile_limit(4 * len(self.buckets) + 8):
-            for n in reversed(self.buckets):
-                self._graphs[n], self._outputs[n] = self._capture_one(fn, n, pool)
-            if self.verify_queries:
-                verify = compile_decode(cast(VerifyModel, self.model).forward_verify, self.compile_mode)
-                for n in reversed(self.verify_buckets):
-                    self._capture_verify(verify, n, pool)
-        torch.cuda.synchronize(self.device)
-        logger.info(
-            "captured %d decode graphs (batch sizes %s) in %.1f s, compile_mode=%s",
-            len(self._graphs),
-            ",".join(map(str, self.buckets)),
-            time.perf_counter() - start,
-            self.compile_mode,
-        )
-
-    def _capture_one(
-        self, fn: Callable[[DecodeBatch], torch.Tensor], rows: int, pool: Any
-    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        assert self.static is not None
-        batch = self.static.padding(rows)
-        self.model.prepare_decode(batch)  # host planning happens outside the graph, as at replay
-        mark_batch_dynamic(batch)  # maybe: a model that specialises recompiles, capture goes on
-        for _ in range(WARMUP_RUNS):
-            fn(batch)
-        torch.cuda.synchronize(self.device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            out = fn(batch)
-        return graph, out
-
-    def _compiled_forward(self) -> Callable[[DecodeBatch], torch.Tensor]:
-        return compile_decode(self.model.forward_decode, self.compile_mode)
-
-
-@contextmanager
-def _recompile_limit(limit: int) -> Iterator[None]:
-    """Bucket 1, and every bucket if the model specialises its row count after all, is one more
-    compile of the same function; past dynamo's default limit (8) it would silently run eager.
-    Raised only while capturing: a replay runs no Python, so no guard is checked after it."""
-    import torch._dynamo.config as dynamo_config
-
-    names = (
-        "recompile_limit",
-        "cache_size_limit",
-        "accumulated_recompile_limit",
-        "accumulated_cache_size_limit",
-    )
-    present = {n: max(limit, getattr(dynamo_config, n)) for n in names if hasattr(dynamo_config, n)}
-    with dynamo_config.patch(present):
-        yield
-
-
-def _verify_buckets(buckets: tuple[int, ...], max_rows: int) -> tuple[int, ...]:
-    """Decode buckets up to the first that holds `max_rows` rows (verify steps never have more:
-    no sequence drafts while more than speculative.max_batch run)."""
-    top = select_bucket(max(1, min(max_rows, buckets[-1])), buckets)
-    assert top is not None
-    return tuple(b for b in buckets if b <= top)

@@ -8,7 +8,7 @@ after it) serves a single row, which dynamo always specialises. Before that seco
 a single row runs as 2 rows (the second a padding row). Padding a batch-1 step to 2 rows and every
 row to 1 + speculative.num_tokens queries cost a verify step about twice a plain decode step on
 the default model (10 query rows instead of 1 + k), which ate most of what accepted drafts gain.
-On CUDA graphs/runner.py captures it per batch-size bucket up to speculative.max_batch, with Q
+On CUDA graphs/cuda_capture.py captures it per batch-size bucket up to speculative.max_batch, with Q
 fixed at 1 + speculative.num_tokens (a captured graph has one shape).
 """
 
@@ -33,7 +33,7 @@ from rillet.graphs.interface import (
 
 logger = logging.getLogger(__name__)
 
-COMPILE_ROWS, COMPILE_WIDTH = 2, 3  # as the decode step's (graphs/compiled.py)
+COMPILE_ROWS, COMPILE_WIDTH = 2, 3  # as the decode step's (graphs/compile_modes.py)
 # Q of the compile's example batch: distinct from the rows and the width, so that dynamo keeps
 # three symbols (equal example sizes would share one and specialise on their equality)
 COMPILE_QUERIES = 5

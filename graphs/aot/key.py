@@ -2,7 +2,7 @@
 
 An AOTInductor library is machine code specialised for everything below; loading one built under
 any other value would compute wrong numbers or crash the process (an AVX-512 kernel on an AVX2
-cap: seen as heap corruption with Inductor's own cache, see graphs/compiled.py). So each field is
+cap: seen as heap corruption with Inductor's own cache, see graphs/compile_modes.py). So each field is
 both in the artifact's folder name (a digest of all of them) and in its manifest (checked again
 on load: a folder copied or renamed into place is refused, not trusted by its name).
 

@@ -1,5 +1,6 @@
 """The compiled steps of one model as saved artifacts: found on disk, or built and saved, then
-loaded (graphs/compiled.py runs this on its compile thread; `rillet compile` only builds).
+loaded (graphs/aot/artifact_steps.py runs this on the decode step's compile thread; `rillet compile`
+only builds).
 
 A step is built in this process (export, then AOTInductor: graphs/aot/export.py) or, when the
 plan has a `builder`, in another one: the server's builder is a niced child process that loads

@@ -42,10 +42,10 @@ def test_auto_keeps_the_compiled_step_unless_clearly_slower(
     """`graphs.enabled: auto` compares medians of interleaved calls and keeps the compiled step
     unless it is more than SLOWER_THAN_EAGER x eager: a check that runs beside a busy engine must
     not flip to eager on noise. A fake clock: no real timing."""
-    from rillet.graphs import compiled as compiled_mod
+    from rillet.graphs import speed_check
 
     clock = _Clock()
-    monkeypatch.setattr(compiled_mod.time, "perf_counter", clock)
+    monkeypatch.setattr(speed_check.time, "perf_counter", clock)
     eager = _FakeModel(clock, 10.0)
     cd = CompiledDecode(
         eager, "none", max_blocks_per_seq=4, device=torch.device("cpu"), check_faster=True, with_batch_1=False

@@ -11,8 +11,9 @@ from rillet.core.attention.base import AttentionMetadata
 from rillet.core.attention.torch_backend import TorchAttentionBackend
 from rillet.core.model.arch import ModelArch
 from rillet.core.model.decoder import DecoderModel, KVCache, allocate_kv_cache, build_model
+from rillet.graphs.decode_mode import resolve_decode_mode
 from rillet.graphs.interface import DecodeBatch
-from rillet.graphs.runner import GraphRunner, resolve_decode_mode
+from rillet.graphs.runner import GraphRunner
 
 BLOCK = 4
 WIDTH = 8  # blocks per sequence: contexts up to 32 tokens

@@ -19,8 +19,8 @@ import torch
 from rillet.core.attention.base import AttentionMetadata
 from rillet.core.attention.flashinfer_backend import FlashInferAttentionBackend, page_indices, paged_kv_host
 from rillet.core.attention.torch_backend import TorchAttentionBackend
+from rillet.graphs.compile_modes import mark_batch_dynamic
 from rillet.graphs.interface import DecodeBatch
-from rillet.graphs.runner import mark_batch_dynamic
 from rillet.graphs.static_buffers import StaticBuffers
 from torch._inductor.utils import run_and_get_code
 
