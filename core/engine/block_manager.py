@@ -140,7 +140,7 @@ class BlockManager:
         table = seq.block_table
         if len(table) <= keep:
             return
-        # a new list: whoever mirrors the table (the runner's device copy, step_inputs.py) sees a
+        # a new list: whoever mirrors the table (the runner's device copy, persistent_batch.py) sees a
         # different table, not one that may regrow to the same length with other blocks
         seq.block_table = table[:keep]
         for b in reversed(table[keep:]):

@@ -8,41 +8,30 @@ Threading lives in engine.py; this class is driven by exactly one thread and hol
 Speculative decoding (core/spec/): before scheduling, the speculator gives decoding sequences a
 draft; the step verifies it and lands through runs.py. A step that may speculate, or that
 verified drafts, is landed before the next one is scheduled.
+
+Here: the requests (add, reject, abort, finish, deadlines) and scheduling and launching a step;
+landing its tokens (waiting for them, post-processing, the deltas) is in landing.py.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from rillet.core.engine.block_manager import BlockManager
 from rillet.core.engine.detokenizer import IncrementalDetokenizer
 from rillet.core.engine.embed_share import EmbedShare
+from rillet.core.engine.landing import Pending, StepLanding
 from rillet.core.engine.overlap import needs_host_tokens
-from rillet.core.engine.runs import RunLanding
 from rillet.core.engine.scheduler import ScheduledBatch, Scheduler
 from rillet.core.errors import ErrorKind
 from rillet.core.outputs import SeqDelta, StepOutput
-from rillet.core.runner.base import FatalRunnerError, InflightStep, Runner, SampleResult
-from rillet.core.sequence import FinishReason, Seq, SeqStatus, TokenLogprob
+from rillet.core.runner.base import FatalRunnerError, InflightStep, Runner
+from rillet.core.sequence import FinishReason, Seq, SeqStatus
 from rillet.core.spec.speculator import Speculator
-from rillet.core.structured.matcher import GrammarViolation
-
-log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Pending:
-    """A sequence's unpublished output of this step."""
-
-    token_ids: list[int]
-    text: str
-    logprobs: list[TokenLogprob] | None
-
-
-class EngineCore(RunLanding):
+class EngineCore(StepLanding):
     def __init__(
         self,
         scheduler: Scheduler,
@@ -96,7 +85,7 @@ class EngineCore(RunLanding):
             self._detok.pop(seq.seq_id, None)
             seq.status, seq.finish_reason = SeqStatus.FINISHED, FinishReason.ERROR
             seq.error, seq.error_kind = error, ErrorKind.REJECTED
-            deltas.append(self._delta(seq, _Pending([], "", None)))
+            deltas.append(self._delta(seq, Pending([], "", None)))
         return deltas
 
     def abort(
@@ -112,7 +101,7 @@ class EngineCore(RunLanding):
             if not seq.is_finished:
                 seq.error, seq.error_kind = error, kind
                 self._finish(seq, reason)
-                deltas.append(self._delta(seq, _Pending([], "", None)))
+                deltas.append(self._delta(seq, Pending([], "", None)))
         self.seqs.pop(request_id, None)
         return deltas
 
@@ -193,118 +182,6 @@ class EngineCore(RunLanding):
             seq.num_pending += 1
         return launched
 
-    def _land(self) -> list[SeqDelta]:
-        """Waits for the launched step's tokens and post-processes them."""
-        launched, self._inflight = self._inflight, None
-        verifies, self._inflight_verifies = self._inflight_verifies, {}
-        assert launched is not None
-        self._landed_step = self._inflight_step
-        deltas: list[SeqDelta] = []
-        t0 = time.perf_counter()
-        try:
-            result = launched.wait()
-        except FatalRunnerError:
-            raise
-        except Exception as exc:
-            self._fail(launched.seqs, exc, deltas)
-            return deltas
-        finally:
-            self.wait_seconds += time.perf_counter() - t0
-            for seq in launched.seqs:
-                seq.num_pending -= 1
-        seqs = launched.seqs
-        if result.embeddings:  # the pooled sequences follow the sampled ones
-            n = len(seqs) - len(result.embeddings)
-            sampled, pooled = seqs[:n], seqs[n:]
-        else:
-            sampled, pooled = seqs, []
-        if verifies:
-            deltas.extend(self._postprocess_runs(sampled, result, verifies))
-        else:
-            deltas.extend(self._postprocess(sampled, result))
-        if pooled:
-            deltas.extend(self._publish_embeddings(pooled, result.embeddings))
-        return deltas
-
-    def _fail(self, seqs: list[Seq], exc: Exception, deltas: list[SeqDelta]) -> None:
-        log.exception("model step failed; failing %d sequences", len(seqs))
-        for seq in list(seqs):
-            deltas.extend(
-                self.abort(seq.request_id, FinishReason.ERROR, f"model step failed: {exc}", ErrorKind.MODEL)
-            )
-
-    def _postprocess(self, sampled: list[Seq], result: SampleResult) -> list[SeqDelta]:
-        """Appends, detokenizes and stop-checks each new token; one delta per live sequence.
-        Runs once per sampled sequence per step, so attributes are read directly."""
-        deltas: list[SeqDelta] = []
-        now = time.monotonic()
-        block_size, max_len = self.blocks.block_size, self.max_model_len
-        detoks, finished = self._detok, SeqStatus.FINISHED
-        token_ids, logprobs = result.token_ids, result.logprobs
-        appended = 0
-        for i, seq in enumerate(sampled):
-            if seq.status is finished:
-                continue  # stopped at the step before (overlap): this token was never wanted
-            token, out = token_ids[i], seq.output_ids
-            try:
-                out.append(token)
-                appended += 1
-                if seq.grammar is not None:
-                    seq.grammar.accept(token)  # raises for a token the grammar refuses: this request fails
-                if seq.first_token_time is None:
-                    seq.first_token_time = now
-                detok = detoks[seq.seq_id]
-                text, reason = detok.add(token, len(out))
-                num_tokens = len(seq.prompt_ids) + len(out)
-                if reason is None and num_tokens >= max_len:
-                    reason = FinishReason.LENGTH
-                    text += detok.flush()
-                if reason is not None:
-                    self._finish(seq, reason)
-            except Exception as exc:
-                deltas.extend(self._failed_output(seq, exc))
-                continue
-            lp = logprobs[i]
-            deltas.append(
-                SeqDelta(
-                    seq.request_id,
-                    seq.index,
-                    [token],
-                    text,
-                    None if lp is None else [lp],
-                    reason,
-                    len(seq.prompt_ids),
-                    seq.num_cached,
-                    len(out),
-                    seq.error,
-                    seq.error_kind,
-                    None if reason is None else detok.stop_str,
-                )
-            )
-            # overlap: the new token completed a block that the step in flight has computed
-            if num_tokens % block_size == 0 and seq.num_computed >= num_tokens and reason is None:
-                self.blocks.commit(seq)
-        self.generated_tokens += appended
-        return deltas
-
-    def _publish_embeddings(self, seqs: list[Seq], vectors: list[bytes]) -> list[SeqDelta]:
-        """Embedding sequences whose last chunk ran: each finishes (its blocks freed: nothing is kept
-        for a prompt-only request) with its one delta, which carries the vector."""
-        deltas = []
-        for seq, vector in zip(seqs, vectors, strict=True):
-            if seq.status is SeqStatus.FINISHED:
-                continue  # aborted or expired while its step was in flight
-            self._finish(seq, FinishReason.STOP)
-            delta = self._delta(seq, _Pending([], "", None))
-            delta.embedding = vector
-            deltas.append(delta)
-        return deltas
-
-    def _failed_output(self, seq: Seq, exc: Exception) -> list[SeqDelta]:
-        log.error("request %s failed in post-processing", seq.request_id, exc_info=exc)
-        kind = ErrorKind.GRAMMAR if isinstance(exc, GrammarViolation) else ErrorKind.OUTPUT
-        return self.abort(seq.request_id, FinishReason.ERROR, f"{type(exc).__name__}: {exc}", kind)
-
     # ---- finishing ---------------------------------------------------------------------------
     def _finish(self, seq: Seq, reason: FinishReason) -> None:
         self._host_token_seqs -= needs_host_tokens(seq)
@@ -332,18 +209,3 @@ class EngineCore(RunLanding):
                 self.abort(rid, FinishReason.ERROR, "request deadline exceeded", ErrorKind.DEADLINE)
             )
         return deltas
-
-    def _delta(self, seq: Seq, p: _Pending) -> SeqDelta:
-        return SeqDelta(
-            request_id=seq.request_id,
-            index=seq.index,
-            token_ids=p.token_ids,
-            text=p.text,
-            logprobs=p.logprobs,
-            finish_reason=seq.finish_reason if seq.status is SeqStatus.FINISHED else None,
-            prompt_tokens=seq.prompt_len,
-            cached_tokens=seq.num_cached,
-            completion_tokens=len(seq.output_ids),
-            error=seq.error,
-            error_kind=seq.error_kind,
-        )

@@ -49,7 +49,7 @@ class Runner(Protocol):
 
     def poll(self) -> None:
         """Between steps, on the engine thread (idle or not): work that must run on the thread
-        that runs the model, e.g. timing a freshly compiled decode step (graphs/compiled.py)."""
+        that runs the model, e.g. timing a freshly compiled decode step (graphs/speed_check.py)."""
 
     def close(self) -> None:
         """The engine has stopped stepping: end background work (a compile in flight finishes

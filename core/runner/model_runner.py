@@ -1,6 +1,6 @@
 """Turns a scheduled batch into tensors, runs the model and samples: one launch per engine step.
 
-`launch` queues the whole step on the device (inputs from step_inputs.py, forward, sampling, the
+`launch` queues the whole step on the device (inputs from input_builder.py, forward, sampling, the
 sampled tokens into the future buffer, their copy to the host) and returns an `InflightStep`
 without waiting; its `wait()` gives the tokens. On CPU torch runs the ops as they are called, so a
 launch there returns once the step is done. The token layout of a step is in step_inputs.py.
@@ -17,10 +17,11 @@ from rillet.core.attention.base import VerifyMetadata
 from rillet.core.engine.scheduler import ScheduledBatch
 from rillet.core.model.decoder import DecoderModel, KVCache
 from rillet.core.runner.base import InflightStep, SampleResult
+from rillet.core.runner.input_builder import InputBuilder
 from rillet.core.runner.pooling import ChunkPooler, Pooled
 from rillet.core.runner.sample_output import HostSample
 from rillet.core.runner.sampler import Sampler
-from rillet.core.runner.step_inputs import InputBuilder, StepInputs
+from rillet.core.runner.step_inputs import StepInputs
 from rillet.core.runner.verify_rounds import Ready, sample_in_rounds
 from rillet.core.sequence import Seq
 from rillet.core.spec.grammar import verify_masks

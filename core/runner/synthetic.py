@@ -4,7 +4,7 @@ Two modes:
   synchronous (default): a launch sleeps the step time (as a blocking GPU wait would, releasing
     the GIL) and returns with the tokens ready; no inputs are built.
   asynchronous (`model.synthetic_async`): a launch does the host work a GPU engine does (the step's
-    inputs from step_inputs.py, on CPU tensors) and returns at once; the step runs on a simulated
+    inputs from input_builder.py, on CPU tensors) and returns at once; the step runs on a simulated
     device timeline: it starts when the previous step ends (or now, if the device is idle), and its
     tokens are readable `synthetic_step_ms` later, which is when `wait()` returns.
 
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from rillet.core.engine.scheduler import ScheduledBatch
 from rillet.core.runner.base import InflightStep, SampleResult
-from rillet.core.runner.step_inputs import InputBuilder
+from rillet.core.runner.input_builder import InputBuilder
 from rillet.core.sequence import Seq
 
 SYNTHETIC_EMBEDDING_SIZE = 64  # components of the null engine's embeddings (model.task embed / both)

@@ -10,8 +10,8 @@ from rillet.core.config import GraphConfig, config_from_dict
 from rillet.core.engine.scheduler import ScheduledBatch
 from rillet.core.llm import LLM
 from rillet.core.runner.graph_adapter import DecoderGraphAdapter
+from rillet.core.runner.input_builder import InputBuilder
 from rillet.core.runner.model_runner import ModelRunner
-from rillet.core.runner.step_inputs import InputBuilder
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import Seq
 from rillet.graphs.runner import GraphRunner

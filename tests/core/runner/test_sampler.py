@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 import torch
 from rillet.core.errors import RequestError
-from rillet.core.runner import sampler as sampler_module
-from rillet.core.runner.sampler import (
-    Sampler,
+from rillet.core.runner import logits_processors
+from rillet.core.runner.logits_processors import (
     TokenHistory,
     apply_min_p,
     apply_penalties,
     apply_top_k_top_p,
 )
+from rillet.core.runner.sampler import Sampler
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import Seq
 
@@ -182,13 +182,13 @@ def test_top_k_top_p_matches_reference_on_a_large_vocabulary(
     monkeypatch: pytest.MonkeyPatch, scale: float, top_k: list[int], sorted_sizes: list[int]
 ) -> None:
     sizes: list[int] = []
-    inner = sampler_module._keep_best_prefix
+    inner = logits_processors._keep_best_prefix
 
     def spy(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor, size: int) -> Any:
         sizes.append(size)
         return inner(logits, k, p, size)
 
-    monkeypatch.setattr(sampler_module, "_keep_best_prefix", spy)
+    monkeypatch.setattr(logits_processors, "_keep_best_prefix", spy)
     logits = torch.randn(4, 5000, generator=torch.Generator().manual_seed(5)) * scale
     top_p = [0.9, 0.95, 0.8, 0.5]
     out = apply_top_k_top_p(logits, torch.tensor(top_k), torch.tensor(top_p))

@@ -9,7 +9,8 @@ import torch
 from rillet.core.config import SchedulerConfig
 from rillet.core.engine.block_manager import BlockManager
 from rillet.core.engine.scheduler import ScheduledBatch, Scheduler
-from rillet.core.runner.step_inputs import InputBuilder, StepInputs, order_batch
+from rillet.core.runner.input_builder import InputBuilder
+from rillet.core.runner.step_inputs import StepInputs, order_batch
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import FinishReason, Seq
 
