@@ -15,10 +15,9 @@ import uuid
 
 from aiohttp import web
 from rillet.core.engine.inbox import NewEmbedding
-from rillet.core.errors import EngineDeadError, QueueFullError, RequestError
 from rillet.http.engine_api import EngineLike
 from rillet.http.openai.embeddings import EmbedRequest, embeddings_body
-from rillet.http.openai.errors import JSON_CONTENT_TYPE, bad_request, queue_full, unavailable
+from rillet.http.openai.errors import JSON_CONTENT_TYPE, engine_refusal
 from rillet.http.state import ServerState
 from rillet.http.stream.collect import collect_vectors
 from rillet.http.stream.request_stream import RequestStream
@@ -51,18 +50,16 @@ def _submit(state: ServerState, engine: EngineLike, req: EmbedRequest, stream: R
     assert disp is not None
     timeout = state.cfg.server.request_timeout_s
     deadline = time.monotonic() + timeout if timeout is not None else None
-    inputs = zip(stream.engine_ids, req.inputs, strict=True)
+    inputs = []
+    for i, (eid, ids) in enumerate(zip(stream.engine_ids, req.inputs, strict=True)):
+        disp.register(eid, stream, i)
+        inputs.append(NewEmbedding(eid, ids, req.dimensions, deadline))
     try:
-        for i, eid in enumerate(stream.engine_ids):
-            disp.register(eid, stream, i)
-        engine.add_embeddings([NewEmbedding(eid, ids, req.dimensions, deadline) for eid, ids in inputs])
+        engine.add_embeddings(inputs)
     except Exception as exc:
         for eid in stream.engine_ids:
             disp.unregister(eid)
-        if isinstance(exc, QueueFullError):
-            raise queue_full(str(exc)) from exc
-        if isinstance(exc, EngineDeadError):
-            raise unavailable("dead", str(exc)) from exc
-        if isinstance(exc, RequestError):  # the engine's own input checks
-            raise bad_request(f"'{exc.param}' {exc.message}", param=exc.param) from exc
-        raise
+        refusal = engine_refusal(exc)
+        if refusal is None:
+            raise
+        raise refusal from exc

@@ -17,18 +17,11 @@ import time
 import orjson
 from aiohttp import web
 from rillet.core.engine.inbox import NewRequest
-from rillet.core.errors import AdapterError, EngineDeadError, QueueFullError, RequestError
 from rillet.http.engine_api import EngineLike
 from rillet.http.front_end import FrontEnd, OpenAiFront
 from rillet.http.keepalive import keep_alive
 from rillet.http.openai.chunks import Usage
-from rillet.http.openai.errors import (
-    JSON_CONTENT_TYPE,
-    bad_request,
-    model_not_found,
-    queue_full,
-    unavailable,
-)
+from rillet.http.openai.errors import JSON_CONTENT_TYPE, engine_refusal
 from rillet.http.openai.protocol import GenRequest
 from rillet.http.state import ServerState
 from rillet.http.stream.collect import collect
@@ -158,16 +151,9 @@ def _submit(state: ServerState, engine: EngineLike, gen: GenRequest, stream: Req
     except Exception as exc:
         for eid in stream.engine_ids:
             disp.unregister(eid)
-        raise _submit_error(exc) from exc
+        refusal = engine_refusal(exc)
+        if refusal is None:
+            raise
+        raise refusal from exc
 
 
-def _submit_error(exc: Exception) -> Exception:
-    if isinstance(exc, QueueFullError):
-        return queue_full(str(exc))
-    if isinstance(exc, EngineDeadError):
-        return unavailable("dead", str(exc))
-    if isinstance(exc, AdapterError):  # unloaded between the check of `model` and now
-        return model_not_found(exc.name)
-    if isinstance(exc, RequestError):  # the engine's own input checks
-        return bad_request(f"'{exc.param}' {exc.message}", param=exc.param)
-    return exc  # unexpected: the middleware logs it and answers 500

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from rillet.core.errors import ErrorKind
+from rillet.core.errors import AdapterError, EngineDeadError, ErrorKind, QueueFullError, RequestError
 from rillet.core.sequence import FinishReason
 
 JSON_CONTENT_TYPE = "application/json"
@@ -75,6 +75,20 @@ def queue_full(detail: str) -> ApiError:
         code="queue_full",
         headers={"Retry-After": "1"},
     )
+
+
+def engine_refusal(exc: Exception) -> ApiError | None:
+    """What an engine's refusal to queue a request (Engine.add_requests / add_embeddings) answers;
+    None for any other exception (unexpected: re-raised, the middleware logs it and answers 500)."""
+    if isinstance(exc, QueueFullError):
+        return queue_full(str(exc))
+    if isinstance(exc, EngineDeadError):
+        return unavailable("dead", str(exc))
+    if isinstance(exc, AdapterError):  # unloaded between the check of `model` and now
+        return model_not_found(exc.name)
+    if isinstance(exc, RequestError):  # the engine's own input checks
+        return bad_request(f"'{exc.param}' {exc.message}", param=exc.param)
+    return None
 
 
 def from_http_status(status: int, reason: str | None, method: str, path: str) -> ApiError:
