@@ -148,8 +148,7 @@ class FakeEngine:
         if len(self._waiting) + self._pending_adds + len(made) > self.cfg.scheduler.max_waiting:
             raise QueueFullError(f"waiting queue is full ({self.cfg.scheduler.max_waiting})")
         self._pending_adds += len(made)
-        for seqs in made:
-            self._inbox.append(("add", seqs))
+        self._inbox.append(("add", made))  # one item: one drain takes them all, as the engine's
         self._wake.set()
 
     def _seqs(self, r: NewRequest) -> list[_Seq]:
@@ -230,8 +229,8 @@ class FakeEngine:
         while self._inbox:
             kind, item = self._inbox.popleft()
             if kind == "add":
-                self._waiting.append(item)
-                self._pending_adds -= 1
+                self._waiting.extend(item)
+                self._pending_adds -= len(item)
             else:
                 deltas += self._end(item, FinishReason.ABORT, None)
         return deltas
