@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 from rillet.graphs.compile_modes import compile_decode, mark_batch_dynamic
@@ -25,6 +25,8 @@ from rillet.graphs.static_buffers import StaticBuffers
 from rillet.graphs.verify import VerifyBuffers, mark_verify_dynamic
 
 logger = logging.getLogger(__name__)
+
+B = TypeVar("B", DecodeBatch, VerifyBatch)  # the batch a captured step takes
 
 WARMUP_RUNS = 2  # the first call of a new shape compiles; the second runs what will be captured
 
@@ -58,13 +60,7 @@ class CudaCapture:
         vmodel.prepare_verify(batch)
         if rows > 1:
             mark_verify_dynamic(batch, strict=False)
-        for _ in range(WARMUP_RUNS):
-            fn(batch)
-        torch.cuda.synchronize(self.device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            out = fn(batch)
-        self._verify_graphs[rows], self._verify_outputs[rows] = graph, out
+        self._verify_graphs[rows], self._verify_outputs[rows] = self._record(fn, batch, pool)
 
     def capture(self) -> None:
         """Compile and capture one graph per bucket, largest first, into one memory pool."""
@@ -96,6 +92,12 @@ class CudaCapture:
         batch = self.static.padding(rows)
         self.model.prepare_decode(batch)  # host planning happens outside the graph, as at replay
         mark_batch_dynamic(batch)  # maybe: a model that specialises recompiles, capture goes on
+        return self._record(fn, batch, pool)
+
+    def _record(
+        self, fn: Callable[[B], torch.Tensor], batch: B, pool: Any
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """fn on batch: warm-up runs (they compile and autotune), then one run captured into `pool`."""
         for _ in range(WARMUP_RUNS):
             fn(batch)
         torch.cuda.synchronize(self.device)
