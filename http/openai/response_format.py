@@ -35,10 +35,16 @@ def parse_response_format(body: Body) -> GrammarSpec | None:
             f"'response_format.type' must be one of text, json_object, json_schema, got {kind!r}",
             param="response_format.type",
         )
-    spec = fmt.get("json_schema")
     where = "response_format.json_schema"
+    spec = fmt.get("json_schema")
     if not isinstance(spec, dict):
         raise bad_request(f"'{where}' must be an object, got {type_name(spec)}", param=where)
+    return json_schema_spec(spec, where)
+
+
+def json_schema_spec(spec: dict[str, Any], where: str) -> GrammarSpec:
+    """`{"name", "strict", "schema", ...}` at `where`: chat's `response_format.json_schema`, or the
+    Responses API's flat `text.format`."""
     name = spec.get("name")
     if name is not None and (not isinstance(name, str) or not NAME.match(name)):
         raise bad_request(
@@ -53,8 +59,7 @@ def parse_response_format(body: Body) -> GrammarSpec | None:
         raise bad_request(
             f"'{where}.schema' must be a JSON Schema object, got {type_name(schema)}", param=f"{where}.schema"
         )
-    text = schema_text(schema, f"{where}.schema")
-    return GrammarSpec("json_schema", text, param=f"{where}.schema")
+    return GrammarSpec("json_schema", schema_text(schema, f"{where}.schema"), param=f"{where}.schema")
 
 
 def schema_text(schema: dict[str, Any], where: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from rillet.core.structured.spec import GrammarSpec
 from rillet.http.openai.errors import bad_request
 from rillet.http.openai.fields import Body, opt_dict, type_name
-from rillet.http.openai.response_format import NAME, schema_text
+from rillet.http.openai.response_format import json_schema_spec
 
 
 def parse_text_format(body: Body) -> GrammarSpec | None:
@@ -33,18 +33,4 @@ def parse_text_format(body: Body) -> GrammarSpec | None:
             f"'{where}.type' must be one of text, json_object, json_schema, got {kind!r}",
             param=f"{where}.type",
         )
-    name = fmt.get("name")
-    if name is not None and (not isinstance(name, str) or not NAME.match(name)):
-        raise bad_request(
-            f"'{where}.name' must be a string of letters, digits, '_', '-' or '.' (at most 64)",
-            param=f"{where}.name",
-        )
-    strict = fmt.get("strict")
-    if strict is not None and not isinstance(strict, bool):
-        raise bad_request(f"'{where}.strict' must be a boolean", param=f"{where}.strict")
-    schema = fmt.get("schema")
-    if not isinstance(schema, dict):
-        raise bad_request(
-            f"'{where}.schema' must be a JSON Schema object, got {type_name(schema)}", param=f"{where}.schema"
-        )
-    return GrammarSpec("json_schema", schema_text(schema, f"{where}.schema"), param=f"{where}.schema")
+    return json_schema_spec(fmt, where)
