@@ -40,7 +40,7 @@ from rillet.core.spec.drafter import Draft
 from rillet.core.spec.ngram import NgramDrafter
 
 from bench.lib.common import decode_path, peak_rss_mib, table, write_json
-from bench.serving.speculative import SETS
+from bench.lib.spec_prompts import SETS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Greedy tokens of the graphs engine against an eager engine (bench/gpu_check.py, part (a)).
+"""Greedy tokens of the graphs engine against an eager engine (bench/gpu/check.py, part (a)).
 
 A divergence is a tie when, at the first differing step, the token the graphed run took was
 within a tolerance of eager's choice in eager's own top list. The tolerance is TIE_TOL (0.1 nats)

@@ -1,4 +1,4 @@
-"""The parts of bench/gpu_check.py: each runs its measurement, judges it against its target and
+"""The parts of bench/gpu/check.py: each runs its measurement, judges it against its target and
 returns a `Part` (JSON data and table rows). Greedy-token comparison (graphs vs eager) lives here.
 """
 

@@ -1,4 +1,4 @@
-"""What bench/gpu_check.py runs with: the plan (sizes for the H200, or tiny ones for the CPU smoke
+"""What bench/gpu/check.py runs with: the plan (sizes for the H200, or tiny ones for the CPU smoke
 test), the targets the parts are judged by, the engine config overrides, a part's result and table
 row, and the staging of the tokenizer for the GPU machine.
 
@@ -29,9 +29,9 @@ LOGPROB_TOL = 0.25  # nats: chosen-token logprobs over the common prefix
 LOGITS_FLOOR = 1e-2  # relative error always accepted (bf16 operands land between 1e-3 and 1e-2)
 
 # ---- time (GPU) ------------------------------------------------------------------------------------
-# The budget counts from the start of the device command (gpu_run.sh exports GPU_RUN_START), so the
+# The budget counts from the start of the device command (run.sh exports GPU_RUN_START), so the
 # kit's install and the imports are inside it: budget + watchdog grace + EXIT_S <= DEVICE_LIMIT_S.
-DEVICE_LIMIT_S = 420  # timeout_s of the one device call (bench/GPU.md)
+DEVICE_LIMIT_S = 420  # timeout_s of the one device call (bench/gpu/GPU.md)
 EXIT_S = 25  # after the watchdog fires: table, JSON, flashinfer's log copied into $OUT
 SETUP_S = 45  # estimate until measured there: install.sh, the import check, imports before parts
 GRACE_S = 15.0  # the watchdog fires this long past the budget (a part that overran)

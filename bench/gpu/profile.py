@@ -1,12 +1,12 @@
-"""Where the 7B decode step's GPU time goes, on the GPU machine (a companion of gpu_check.py).
+"""Where the 7B decode step's GPU time goes, on the GPU machine (a companion of check.py).
 
-For each variant of the Inductor settings (`--variants`), builds the 7B-shape engine as gpu_check.py
+For each variant of the Inductor settings (`--variants`), builds the 7B-shape engine as check.py
 does, then for batch 1 (context 256) and batch 64 (context 1024): the bare graph replay (CUDA
 events), a kernel table of a few replays (torch.profiler: the kernels inside the graph), and a
 host-side table of `ModelRunner.step` (CPU ops). Variants: `base` (as configured), `cdt`
 (Inductor's coordinate-descent tuning on: it also turns a 1-row matmul into a tuned Triton GEMV).
 
-    bash bench/gpu_run.sh --profile [--variants base cdt]      (on the GPU machine)
+    bash bench/gpu/run.sh --profile [--variants base cdt]      (on the GPU machine)
     .venv/bin/python bench/gpu_profile.py --cpu-smoke             (here: tiny shapes, eager)
 
 Writes `gpu_profile.json` beside gpu_check.json and prints the tables.

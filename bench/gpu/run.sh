@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of issue 5 (bench/GPU.md says what it measures).
+# The GPU check of issue 5 (bench/gpu/GPU.md says what it measures).
 #
 #   here, once per checkout:   bash bench/gpu/run.sh stage
 #   on the GPU machine:        bash bench/gpu/run.sh [bench.gpu.check options, e.g. --only b c]

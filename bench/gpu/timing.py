@@ -1,4 +1,4 @@
-"""Timings for bench/gpu_check.py: device copy bandwidth (the roofline's denominator), one decode
+"""Timings for bench/gpu/check.py: device copy bandwidth (the roofline's denominator), one decode
 step of the model runner and one bare graph replay on a fixed batch, and decode through the
 threaded engine end to end. CUDA events on a GPU, the host clock on the CPU (smoke test).
 """

@@ -28,6 +28,8 @@ each round's own ratio (bench/lib/rounds.py).
 
 `--external NAME=URL` adds an already running OpenAI-compatible server (e.g. llama.cpp's with its
 own prompt-lookup or draft speculation, bench/README.md) as one more mode, measured the same way.
+The prompt sets are in bench/lib/spec_prompts.py, the client's requests and the /metrics
+counters in bench/lib/spec_client.py.
 """
 
 from __future__ import annotations
@@ -35,10 +37,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
-import time
-import urllib.request
-from dataclasses import dataclass
 from typing import Any
 
 import openai
@@ -46,61 +44,8 @@ import openai
 from bench.lib.common import parse_cpus, peak_rss_mib, table, write_json
 from bench.lib.rounds import Row, merge, per_round
 from bench.lib.server_proc import RilletServer
-
-PARAGRAPH = (
-    "The comittee met on tuesday to discuss the new libary. Several members beleived the budget was "
-    "to small, and they argued that the building should be finished before the begining of winter. "
-    "In the end, the proposal was accepted with a few minor changes to the shedule."
-)
-TEXT = (
-    "Rivers shape the land they cross. Over thousands of years they carve valleys and carry soil to "
-    "the sea.\n\nA river's delta forms where it slows down and drops the sand and mud it carries. "
-    "Deltas are often rich farmland.\n\nFloods are part of a river's life. They renew the soil but "
-    "can also destroy towns built too close to the banks."
-)
-CODE = (
-    "def mean(values):\n    x = 0\n    for v in values:\n        x = x + v\n    if len(values) == 0:\n"
-    "        return 0\n    return x / len(values)\n"
-)
-RECORD = (
-    '{"name": "Ada Lovelace", "age": 36, "city": "London", "languages": ["English", "French"], '
-    '"active": true}'
-)
-
-GROUNDED = [
-    "Rewrite the following paragraph, fixing the spelling mistakes and keeping everything else the "
-    f"same:\n\n{PARAGRAPH}",
-    f"Quote the second paragraph of this text word for word:\n\n{TEXT}",
-    f"Rename the variable x to total in this function and return the whole function:\n\n```python\n{CODE}```",
-    "Here is a JSON record. Return the same record with the age increased by one, and nothing "
-    f"else:\n\n{RECORD}",
-]
-# More input-grounded prompts, held out from tuning the draft length policy (core/spec/draft_length.py):
-# with only four, one greedy answer that changes with the kernels' rounding (the code edit's, on
-# 2026-12-03) moves the set's ratio by ~15 %.
-GROUNDED_MORE = [
-    "Correct the grammar in this sentence and return it: 'Me and him goes to the store every days "
-    "because we needs milk and breads.'",
-    "Copy this list exactly, then add 'pears' at the end:\n- apples\n- bananas\n- cherries\n- dates\n- figs",
-    "Translate this Python to use a list comprehension and return the full code:\n\n```python\n"
-    "result = []\nfor n in numbers:\n    if n % 2 == 0:\n        result.append(n * n)\n```",
-    "Here is an address. Return it as JSON with keys street, city, zip:\n\n"
-    "221B Baker Street, London, NW1 6XE",
-    "Repeat the following sentence three times: The quick brown fox jumps over the lazy dog.",
-    "Rewrite this email in a more polite tone, keeping the details:\n\nSend me the report by Friday. "
-    "I need the sales numbers for March and April and the list of new clients.",
-    "Change every 'cat' to 'dog' in this text: The cat sat on the mat. The cat was happy. Another cat "
-    "came and the two cats played.",
-    "Return this JSON with the field 'status' set to 'done' and nothing else: "
-    '{"id": 17, "title": "Write report", "status": "open", "tags": ["work", "urgent"]}',
-]
-CHAT = [
-    "Tell me a short story about a lighthouse keeper.",
-    "What are some good habits for staying healthy?",
-    "Explain how rainbows form.",
-    "Give me three ideas for a birthday party.",
-]
-SETS = {"grounded": GROUNDED, "grounded-more": GROUNDED_MORE, "chat": CHAT}
+from bench.lib.spec_client import Batch, batch, spec_counters
+from bench.lib.spec_prompts import SETS
 
 
 def modes(gguf: str) -> dict[str, tuple[list[str], str | None]]:
@@ -117,73 +62,6 @@ def modes(gguf: str) -> dict[str, tuple[list[str], str | None]]:
         "off-fp32": (fp32, None),
         "draft": (fp32 + draft, "off-fp32"),
     }
-
-
-@dataclass
-class Batch:
-    wall_s: float
-    tokens: int
-
-
-def one(client: openai.OpenAI, model: str, prompt: str, stream: bool, max_tokens: int) -> int:
-    kw: dict[str, Any] = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-    }
-    if not stream:
-        r = client.chat.completions.create(**kw)
-        return r.usage.completion_tokens if r.usage else 0
-    tokens = chunks = 0
-    for c in client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}):
-        if c.usage is not None:
-            tokens = c.usage.completion_tokens
-        elif c.choices and c.choices[0].delta.content:
-            chunks += 1
-    return tokens or chunks
-
-
-def batch(
-    clients: list[openai.OpenAI], model: str, prompts: list[str], stream: bool, max_tokens: int
-) -> Batch:
-    """Every client asks every prompt of the set in turn (client i starting at prompt i)."""
-    counts = [0] * len(clients)
-    start = threading.Barrier(len(clients) + 1)
-
-    def work(i: int) -> None:
-        start.wait()
-        for j in range(len(prompts)):
-            counts[i] += one(clients[i], model, prompts[(i + j) % len(prompts)], stream, max_tokens)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(clients))]
-    for t in threads:
-        t.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    return Batch(time.perf_counter() - t0, sum(counts))
-
-
-def spec_counters(base_url: str) -> tuple[float, float, float]:
-    """(drafted, accepted, verify steps) from /metrics; zeros for a server without them."""
-    root = base_url.rsplit("/v1", 1)[0]
-    values = {"rillet_spec_draft_tokens_total": 0.0, "rillet_spec_accepted_tokens_total": 0.0}
-    values["rillet_spec_verify_steps_total"] = 0.0
-    try:
-        with urllib.request.urlopen(f"{root}/metrics", timeout=10) as r:
-            for line in r.read().decode().splitlines():
-                name = line.split(" ", 1)[0]
-                if name in values:
-                    values[name] = float(line.rsplit(" ", 1)[1])
-    except OSError:
-        pass
-    return (
-        values["rillet_spec_draft_tokens_total"],
-        values["rillet_spec_accepted_tokens_total"],
-        values["rillet_spec_verify_steps_total"],
-    )
 
 
 def measure_mode(name: str, base_url: str, args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ from rillet.core.sequence import TokenLogprob
 
 import bench.gpu.check as gpu_check
 import bench.gpu.plan as gpu_plan
+import bench.gpu.results as gpu_results
 from bench.gpu.greedy import compare_greedy, rejudge
 from bench.gpu.logits import logit_stats
 
@@ -75,8 +76,8 @@ def test_smoke_numbers_are_complete(smoke: tuple) -> None:
     assert c["step"]["bytes_per_step"] > b["step"]["bytes_per_step"]  # more rows, more KV
 
 
-def _results(tmp_path: Path, budget_s: float) -> gpu_check.Results:
-    return gpu_check.Results(tmp_path / "r.json", gpu_plan.make_plan(True, budget_s))
+def _results(tmp_path: Path, budget_s: float) -> gpu_results.Results:
+    return gpu_results.Results(tmp_path / "r.json", gpu_plan.make_plan(True, budget_s))
 
 
 def test_a_failing_part_is_marked_and_the_next_still_runs(tmp_path: Path) -> None:
@@ -85,8 +86,8 @@ def test_a_failing_part_is_marked_and_the_next_still_runs(tmp_path: Path) -> Non
     def boom() -> gpu_plan.Part:
         raise RuntimeError("no kernel for you")
 
-    assert gpu_check.run_part(res, "broken", 0, boom) is None
-    ok = gpu_check.run_part(res, "fine", 0, lambda: gpu_plan.Part({"x": 1}, [gpu_plan.row("fine", "1")], 7))
+    assert gpu_results.run_part(res, "broken", 0, boom) is None
+    ok = gpu_results.run_part(res, "fine", 0, lambda: gpu_plan.Part({"x": 1}, [gpu_plan.row("fine", "1")], 7))
     assert ok == 7
     data = json.loads((tmp_path / "r.json").read_text())
     assert (
@@ -100,7 +101,7 @@ def test_a_failing_part_is_marked_and_the_next_still_runs(tmp_path: Path) -> Non
 
 def test_a_part_the_budget_cannot_fit_is_skipped(tmp_path: Path) -> None:
     res = _results(tmp_path, 10)
-    assert gpu_check.run_part(res, "slow", 30, lambda: pytest.fail("must not start")) is None
+    assert gpu_results.run_part(res, "slow", 30, lambda: pytest.fail("must not start")) is None
     assert res.parts["slow"]["status"] == "SKIP" and res.rows[0]["verdict"] == "SKIP"
     assert json.loads((tmp_path / "r.json").read_text())["parts"]["slow"]["status"] == "SKIP"
 
@@ -116,11 +117,11 @@ def test_every_part_is_on_disk_when_the_next_one_starts(tmp_path: Path) -> None:
             raise RuntimeError("boom")
         return gpu_plan.Part({"v": value}, [])
 
-    gpu_check.run_part(res, "one", 0, lambda: gpu_plan.Part({"v": 0}, []))
-    gpu_check.run_part(res, "two", 0, lambda: part(1))
-    gpu_check.run_part(res, "three", 0, lambda: part(2))
-    gpu_check.run_part(res, "four", 999, lambda: part(3))  # skipped
-    gpu_check.run_part(res, "five", 0, lambda: part(4))
+    gpu_results.run_part(res, "one", 0, lambda: gpu_plan.Part({"v": 0}, []))
+    gpu_results.run_part(res, "two", 0, lambda: part(1))
+    gpu_results.run_part(res, "three", 0, lambda: part(2))
+    gpu_results.run_part(res, "four", 999, lambda: part(3))  # skipped
+    gpu_results.run_part(res, "five", 0, lambda: part(4))
     assert seen == [["one"], ["one", "two"], ["one", "two", "three", "four"]]
 
 
@@ -129,15 +130,15 @@ def test_the_budget_counts_the_setup_before_the_script(
 ) -> None:
     """gpu_run.sh exports GPU_RUN_START before installing the kit; that time is inside the budget."""
     monkeypatch.setenv("GPU_RUN_START", str(time.time() - 50))
-    setup = gpu_check.setup_seconds()
+    setup = gpu_results.setup_seconds()
     assert 50 <= setup < 50 + 30
-    res = gpu_check.Results(tmp_path / "r.json", gpu_plan.make_plan(True, 60), setup_s=setup)
+    res = gpu_results.Results(tmp_path / "r.json", gpu_plan.make_plan(True, 60), setup_s=setup)
     assert res.elapsed() >= 50 and res.time_left() <= 10
-    assert gpu_check.run_part(res, "needs 20", 20, lambda: pytest.fail("must not start")) is None
+    assert gpu_results.run_part(res, "needs 20", 20, lambda: pytest.fail("must not start")) is None
     res.write()
     assert json.loads((tmp_path / "r.json").read_text())["summary"]["setup_s"] == setup
     monkeypatch.delenv("GPU_RUN_START")
-    assert gpu_check.setup_seconds() == 0.0
+    assert gpu_results.setup_seconds() == 0.0
 
 
 def test_only_runs_the_selected_parts(tmp_path: Path) -> None:
