@@ -11,12 +11,8 @@ per step, and a captured graph reads the same addresses at replay, after a fresh
 
 `forward` makes q contiguous (traced: in a compiled step the copy fuses into RoPE's kernel), then
 calls a torch custom op, opaque to torch.compile, that writes the new K/V at slot_mapping and runs
-the planned wrapper. The op declares no mutated arguments on purpose: the KV cache (2 x layers
-tensors) is state the compiler must not functionalize. Measured on the H200 (7B shape,
-bench/gpu_profile.py): with the write traced instead, Inductor on CUDA did not re-inplace it and
-copied each layer's whole K and V cache every step (12 ms of a 17 ms batch-1 step; on CPU it had
-written in place). The write happens inside the op, in stream order, the way vLLM keeps the cache
-out of its compiled graph.
+the planned wrapper (`attend`; why an op, and one that declares no mutation: flashinfer_op.py).
+The page layout plan() takes is computed in flashinfer_layout.py.
 
 KV storage (`kv_dtype`, cache.dtype): the model's dtype or fp8 e4m3, which flashinfer reads itself
 (plan()'s kv_data_type) with per-layer scales of 1.0 (no calibration: the values are clamped to
@@ -28,13 +24,13 @@ flashinfer is imported in the constructor, so importing this module never needs 
 
 from __future__ import annotations
 
-import uuid
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, get_args
 
 import torch
 from rillet.core.attention.base import AttentionBackend, AttentionMetadata, StepMetadata
+from rillet.core.attention.flashinfer_layout import page_indices, paged_kv_host, qo_indptr_host
+from rillet.core.attention.flashinfer_op import register_attention_op
 from rillet.core.attention.kv_cache import encode
 from rillet.core.config import FlashinferPrefillKernels
 
@@ -44,44 +40,6 @@ TENSOR_CORE_MIN_GROUP = 4  # GQA group at which flashinfer's tensor-core decode 
 # FA3 on sm90 for head dims 64/128 unless the step's longest query is <= 64 tokens. The decode
 # wrappers need no choice: bf16 tensor-core decode always runs FA2 there (FA3 only for fp8).
 PREFILL_KERNELS = get_args(FlashinferPrefillKernels)
-
-AttentionOp = Callable[..., torch.Tensor]
-
-
-def paged_kv_host(
-    seq_lens_cpu: Sequence[int], block_size: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Host (CPU int32) page layout: kv_indptr [B+1], last_page_len [B], pages per sequence [B].
-
-    A context of 0 tokens is treated as 1 (the dummy slot its block table points at), so every
-    row owns >= 1 page and 1 <= last_page_len <= block_size, as flashinfer requires.
-    """
-    seq = torch.tensor(seq_lens_cpu, dtype=torch.int32).clamp(min=1)
-    pages = (seq + block_size - 1) // block_size
-    indptr = torch.zeros(len(seq_lens_cpu) + 1, dtype=torch.int32)
-    torch.cumsum(pages, 0, out=indptr[1:])
-    return indptr, seq - (pages - 1) * block_size, pages
-
-
-def qo_indptr_host(query_lens_cpu: Sequence[int]) -> torch.Tensor:  # [B+1] int32 CPU
-    indptr = torch.zeros(len(query_lens_cpu) + 1, dtype=torch.int32)
-    torch.cumsum(torch.tensor(query_lens_cpu, dtype=torch.int32), 0, out=indptr[1:])
-    return indptr
-
-
-def page_indices(
-    block_tables: torch.Tensor,  # [B, W] int32 on the device
-    kv_indptr: torch.Tensor,  # [B+1] int32 CPU
-    pages: torch.Tensor,  # [B] int32 CPU
-) -> torch.Tensor:  # [kv_indptr[-1]] int32 on the device: each sequence's used blocks, concatenated
-    """Gathers on the device with host-computed positions: no device->host sync."""
-    n, width = block_tables.shape
-    total = int(kv_indptr[-1])
-    reps = pages.long()
-    rows = torch.repeat_interleave(torch.arange(n), reps, output_size=total)
-    cols = torch.arange(total) - torch.repeat_interleave(kv_indptr[:-1].long(), reps, output_size=total)
-    flat = (rows * width + cols).to(block_tables.device, non_blocking=True)
-    return block_tables.reshape(-1).index_select(0, flat)
 
 
 def unsupported_options(window: int | None, softcap: float | None) -> str:
@@ -137,7 +95,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._graph_verify: dict[int, Any] = {}  # rows -> prefill wrapper of verify steps (begin_verify)
         self._active: Any = None  # the wrapper planned for this step
         self._planned: torch.cuda.Event | None = None  # recorded after the last plan()'s copies
-        self._op = _register_attention_op(self)
+        self._op = register_attention_op(self)
 
     def _graph_wrappers(
         self, flashinfer: Any, sizes: Sequence[int], max_blocks_per_seq: int
@@ -293,36 +251,3 @@ class FlashInferAttentionBackend(AttentionBackend):
         # forward passed q contiguous; a compiler could in principle hand the op another layout
         out: torch.Tensor = self._active.run(q.contiguous(), (k_cache, v_cache))
         return out
-
-
-def _register_attention_op(backend: FlashInferAttentionBackend) -> AttentionOp:
-    """A custom op bound to one backend (a weak reference: the op outlives nothing it owns)."""
-    owner = weakref.ref(backend)
-    name = f"rillet::flashinfer_attention_{uuid.uuid4().hex[:16]}"
-
-    @torch.library.custom_op(name, mutates_args=())
-    def attention(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> torch.Tensor:
-        be = owner()
-        if be is None:
-            raise RuntimeError("flashinfer attention op called after its backend was freed")
-        return be.attend(q, k, v, k_cache, v_cache, slot_mapping)
-
-    @attention.register_fake
-    def _(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> torch.Tensor:
-        return q.new_empty(q.shape)
-
-    return attention

@@ -23,7 +23,8 @@ from rillet.core.determinism.dense import RowPaddedWeight, pad_module_weights
 from rillet.core.determinism.mode import KEY
 from rillet.core.determinism.rows import RowPadding
 from rillet.core.model.arch import ModelArch
-from rillet.core.model.decoder import DecoderLayer, DecoderModel
+from rillet.core.model.decoder import DecoderModel
+from rillet.core.model.decoder_layer import DecoderLayer
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 

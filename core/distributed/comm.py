@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 from rillet.core.config import RilletConfig
 from rillet.core.distributed import step_io
-from rillet.core.model.decoder import DecoderLayer, DecoderModel
+from rillet.core.model.decoder import DecoderModel
+from rillet.core.model.decoder_layer import DecoderLayer
 from rillet.core.runner.step_inputs import StepInputs
 from torch._C._distributed_c10d import PrefixStore, Store
 

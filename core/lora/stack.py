@@ -30,7 +30,7 @@ from rillet.core.errors import AdapterError, AdapterErrorKind
 from rillet.core.lora.adapter import LoraAdapter, Module
 from rillet.core.model.arch import ModelArch
 
-# fused projection -> its parts in output order (decoder.py fuses q/k/v and gate/up the same way)
+# fused projection -> its parts in output order (decoder_layer.py fuses q/k/v and gate/up the same way)
 FUSED = {
     "qkv": ("q_proj", "k_proj", "v_proj"),
     "o": ("o_proj",),

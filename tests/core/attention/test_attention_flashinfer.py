@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import torch
 from rillet.core.attention.base import AttentionMetadata
-from rillet.core.attention.flashinfer_backend import FlashInferAttentionBackend, page_indices, paged_kv_host
+from rillet.core.attention.flashinfer_backend import FlashInferAttentionBackend
+from rillet.core.attention.flashinfer_layout import page_indices, paged_kv_host
 from rillet.core.attention.torch_backend import TorchAttentionBackend
 from rillet.graphs.compile_modes import mark_batch_dynamic
 from rillet.graphs.interface import DecodeBatch
@@ -368,7 +369,7 @@ def test_decode_forward_traces_fullgraph(fake_flashinfer: types.ModuleType) -> N
                 got, code = run_and_get_code(fn, ids, pos)
                 # the op writes K/V in place: no buffer of the cache's size (41 blocks) is ever
                 # allocated, the cache is never copied (a write traced into the graph was
-                # re-inplaced on CPU but copied whole on CUDA: core/attention/flashinfer_backend.py)
+                # re-inplaced on CPU but copied whole on CUDA: core/attention/flashinfer_op.py)
                 assert "flashinfer_attention" in code[0] and "empty_strided_cpu((41," not in code[0]
             else:
                 got = fn(ids, pos)
