@@ -26,6 +26,7 @@ from rillet.http.net.responses import error_response
 from rillet.http.openai.errors import ApiError, from_http_status, headers_too_large, internal_error
 from rillet.http.responses_api import create_response, delete_response, get_response
 from rillet.http.state import ServerState
+from rillet.http.tokenize.routes import detokenize_handler, tokenize_handler
 from rillet.http.ui.routes import add_ui_routes
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,8 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_post("/v1/messages", create_message)
     app.router.add_post("/v1/messages/count_tokens", count_message_tokens)
     app.router.add_post("/v1/embeddings", embeddings_handler)
+    app.router.add_post("/tokenize", tokenize_handler)
+    app.router.add_post("/detokenize", detokenize_handler)
     if state.cfg.lora.allow_runtime_updates:  # vLLM's routes; absent otherwise (404)
         app.router.add_post("/v1/load_lora_adapter", load_lora_adapter)
         app.router.add_post("/v1/unload_lora_adapter", unload_lora_adapter)

@@ -155,5 +155,3 @@ def _submit(state: ServerState, engine: EngineLike, gen: GenRequest, stream: Req
         if refusal is None:
             raise
         raise refusal from exc
-
-

@@ -136,21 +136,30 @@ def chat_request(
 
 
 def render_chat_ids(
-    tokenizer: Any, messages: list[dict[str, Any]], tools: ToolSetup | None, prompt_field: str = "messages"
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: ToolSetup | None,
+    prompt_field: str = "messages",
+    add_generation_prompt: bool = True,
 ) -> list[int]:
-    """The prompt's token ids as chat_request builds them (for token counting)."""
-    text = _render_chat(tokenizer, messages, tools, prompt_field)
+    """The prompt's token ids as chat_request builds them (for token counting and /tokenize)."""
+    text = _render_chat(tokenizer, messages, tools, prompt_field, add_generation_prompt)
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def _render_chat(
-    tokenizer: Any, messages: list[dict[str, Any]], tools: ToolSetup | None, prompt_field: str
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: ToolSetup | None,
+    prompt_field: str,
+    add_generation_prompt: bool = True,
 ) -> str:
     native = template_renders_tools(tokenizer)
     rendered = for_template(messages, tools.tools if tools else None, native)
-    extra = {"tools": [t.openai() for t in tools.tools]} if native and tools else {}
+    extra: dict[str, Any] = {"tools": [t.openai() for t in tools.tools]} if native and tools else {}
+    extra["add_generation_prompt"] = add_generation_prompt
     try:
-        text: str = tokenizer.apply_chat_template(rendered, add_generation_prompt=True, **extra)
+        text: str = tokenizer.apply_chat_template(rendered, **extra)
     except (ValueError, TypeError, KeyError) as exc:
         raise bad_request(f"cannot apply the chat template: {exc}", param=prompt_field) from exc
     return text
