@@ -1,14 +1,14 @@
 """Property-based fuzzing of the generation endpoints (chat, completions, Responses, Anthropic
 Messages: up to 4,000 hostile bodies, 500 a test, fewer where Hypothesis runs out of new ones) and
-of /v1/embeddings (300, then 150 through a tiny real encoder): no 5xx, no crash, every error in its
-API's shape.
+of /v1/embeddings (300, then 150 through a tiny real encoder) and /tokenize, /detokenize (200 each):
+no 5xx, no crash, every error in its API's shape.
 
 One server over the synthetic engine (no step time, max_tokens capped at 8) takes every case on a
 keep-alive connection; afterwards the engine, the pool and the server must be as they were. Then
 600 almost-valid or valid-sampling bodies through a tiny real model, whose sampler the synthetic
 engine never runs.
-Strategies: fuzzing/chat_bodies.py, fuzzing/api_bodies.py; checks: fuzzing/client.py. The
-long run (10,000 cases): bench/stress/fuzz_bodies.py.
+Strategies: fuzzing/chat_bodies.py, fuzzing/api_bodies.py, fuzzing/tokenize_bodies.py; checks:
+fuzzing/client.py. The long run (10,000 cases): bench/stress/fuzz_bodies.py.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import pytest
 from fuzzing.api_bodies import almost_valid_api_body, random_api_body
 from fuzzing.chat_bodies import almost_valid_body, embedding_body, random_body, sampling_body
 from fuzzing.client import Client
+from fuzzing.tokenize_bodies import DETOKENIZE, TOKENIZE, tokenize_body
 from fuzzing.values import EMB, MESSAGES, RESPONSES
 from hypothesis import HealthCheck, given, settings
 from hypothesis.strategies import SearchStrategy
@@ -73,6 +74,7 @@ FUZZ_TESTS = (
     "test_almost_valid_bodies",
     "test_random_json_bodies_on_the_other_apis",
     "test_almost_valid_bodies_on_the_other_apis",
+    "test_tokenizer_route_bodies",
 )
 
 
@@ -120,8 +122,21 @@ def test_random_json_bodies_on_the_other_apis(client: Client, path: str, api: st
     def run(body: bytes) -> None:
         client.check(path, body)
 
+    run()
+
 
 EMBEDDING_CASES = 300
+TOKENIZE_CASES = 200  # per route
+
+
+@pytest.mark.parametrize("path", [TOKENIZE, DETOKENIZE])
+def test_tokenizer_route_bodies(client: Client, path: str) -> None:
+    @settings(FUZZ, max_examples=TOKENIZE_CASES)
+    @given(body=tokenize_body(path, "synthetic"))
+    def run(body: bytes) -> None:
+        client.check(path, body)
+
+    run()
 
 
 def test_embedding_bodies(client: Client) -> None:

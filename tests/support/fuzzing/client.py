@@ -22,6 +22,7 @@ from fuzzing.api_checks import (
     named_events,
 )
 from fuzzing.chat_checks import check_completion, check_embeddings, check_sse
+from fuzzing.tokenize_bodies import DETOKENIZE, TOKENIZE, check_tokenize_answer
 from fuzzing.values import EMB, MESSAGES, RESPONSES
 
 
@@ -69,6 +70,8 @@ class Client:
             check_sse(data, context)
         elif path == EMB:
             check_embeddings(orjson.loads(data), context)
+        elif path in (TOKENIZE, DETOKENIZE):
+            check_tokenize_answer(path, orjson.loads(data), context)
         else:
             check_completion(orjson.loads(data), path == CHAT, context)
 
