@@ -4,6 +4,10 @@ Tokens are bytes (id = byte value, 256 = EOS): greedy output cycles through `TEX
 set by the prompt length; a seed shifts that offset, so seeded sampling is reproducible and
 different seeds differ. KV blocks are counted like the real pool (ceil(tokens / block_size) per
 running sequence), so tests can check that aborted requests give their blocks back.
+
+The engine (queue, admission, steps, aborts, deadlines, injected faults) is here; its tokenizer
+and its sequences' token script are in tests/support/http_doubles/ (byte_tokenizer.py,
+fake_sequences.py), their names re-exported.
 """
 
 from __future__ import annotations
@@ -13,44 +17,22 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from http_doubles.byte_tokenizer import BOOM_MARKER, EOS, FakeTokenizer
+from http_doubles.fake_sequences import TEXT, FakeSeq
 from rillet.core.config import RilletConfig
 from rillet.core.engine.inbox import NewEmbedding, NewRequest
 from rillet.core.errors import EngineDeadError, ErrorKind, QueueFullError, RequestError
 from rillet.core.outputs import SeqDelta, StepOutput
 from rillet.core.ring import RingClosed, SpscRing
 from rillet.core.sampling_params import SamplingParams
-from rillet.core.sequence import FinishReason, TokenLogprob
+from rillet.core.sequence import FinishReason
 
-TEXT = b"The quick brown fox jumps over the lazy dog. "
-EOS = 256
+__all__ = ["BOOM_MARKER", "EOS", "FAIL_MARKER", "TEXT", "FakeEngine", "FakeSeq", "FakeStats", "FakeTokenizer"]
+
 FAIL_MARKER = "__fail__"  # a prompt holding this ends with FinishReason.ERROR after 3 tokens
-BOOM_MARKER = "__boom__"  # a chat message holding this makes the chat template raise RuntimeError
-
-
-class FakeTokenizer:
-    eos_token_ids = (EOS,)
-    vocab_size = 257
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(text.encode())
-
-    def decode(self, ids: list[int]) -> str:
-        return bytes(i for i in ids if i < 256).decode("utf-8", "replace")
-
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        if any(BOOM_MARKER in m["content"] for m in messages):
-            raise RuntimeError("template exploded")
-        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
-        return text + ("<assistant>" if add_generation_prompt else "")
-
-    def id_to_token(self, token_id: int) -> str:
-        return "<eos>" if token_id == EOS else chr(token_id)
-
-    def token_bytes(self, token_id: int) -> bytes | None:
-        return None if token_id >= 256 else bytes([token_id])
 
 
 @dataclass(frozen=True)
@@ -68,20 +50,6 @@ class FakeStats:
     kv_tokens_total: int = 0
     handoff_timeouts: int = 0
     device_wait_seconds: float = 0.0
-
-
-@dataclass
-class _Seq:
-    request_id: str
-    index: int
-    prompt_len: int
-    params: SamplingParams
-    deadline: float | None
-    offset: int
-    fail_after: int | None = None
-    out: list[int] = field(default_factory=list)
-    text: str = ""
-    emitted: int = 0  # chars of `text` already published
 
 
 class FakeEngine:
@@ -108,8 +76,8 @@ class FakeEngine:
         self._stop = False
         self._inbox: deque[tuple[str, Any]] = deque()
         self._wake = threading.Event()
-        self._waiting: list[list[_Seq]] = []
-        self._running: dict[str, list[_Seq]] = {}
+        self._waiting: list[list[FakeSeq]] = []
+        self._running: dict[str, list[FakeSeq]] = {}
         self._pending_adds = 0
         self._thread: threading.Thread | None = None
         self.steps = 0
@@ -151,7 +119,7 @@ class FakeEngine:
         self._inbox.append(("add", made))  # one item: one drain takes them all, as the engine's
         self._wake.set()
 
-    def _seqs(self, r: NewRequest) -> list[_Seq]:
+    def _seqs(self, r: NewRequest) -> list[FakeSeq]:
         prompt_ids, params = r.prompt_ids, r.params
         if self._dead:
             raise EngineDeadError(self.error or "dead")
@@ -171,7 +139,7 @@ class FakeEngine:
                     random.Random(seed).randrange(len(TEXT)) if seed is not None else random.randrange(99)
                 )
             fail = 3 if FAIL_MARKER.encode() in bytes(t for t in prompt_ids if t < 256) else None
-            seqs.append(_Seq(r.request_id, i, len(prompt_ids), params, r.deadline, offset, fail))
+            seqs.append(FakeSeq(r.request_id, i, len(prompt_ids), params, r.deadline, offset, fail))
         return seqs
 
     def add_embeddings(self, inputs: Sequence[NewEmbedding]) -> None:
@@ -196,7 +164,7 @@ class FakeEngine:
             cached_blocks=0,
         )
 
-    def _blocks(self, s: _Seq) -> int:
+    def _blocks(self, s: FakeSeq) -> int:
         return -(-(s.prompt_len + len(s.out)) // self.block_size)
 
     # ---- engine thread ------------------------------------------------------------------------
@@ -252,7 +220,7 @@ class FakeEngine:
                     self._waiting.remove(g)
                     group = g
                     break
-        return [self._delta(s, [], "", None, reason, error, kind) for s in group or [] if s.emitted >= 0]
+        return [s.delta([], "", None, reason, error, kind) for s in group or [] if s.emitted >= 0]
 
     def _step(self) -> list[SeqDelta]:
         deltas: list[SeqDelta] = []
@@ -271,62 +239,6 @@ class FakeEngine:
                 del self._running[rid]
         return deltas
 
-    def _next(self, s: _Seq) -> SeqDelta:
-        p = s.params
-        if self.reply is not None:
-            return self._scripted(s, self.reply)
-        tok = TEXT[(s.offset + len(s.out)) % len(TEXT)]
-        s.out.append(tok)
+    def _next(self, s: FakeSeq) -> SeqDelta:
         self.generated += 1
-        s.text += chr(tok)
-        reason = None
-        stop_str = None
-        cut = len(s.text)
-        stops = [(s.text.find(x, max(0, s.emitted - len(x))), x) for x in p.stop]
-        hits = [(i, x) for i, x in stops if i >= 0]
-        if hits and len(s.out) >= p.min_tokens:
-            i, x = min(hits)
-            cut, reason = (i + len(x) if p.include_stop_str_in_output else i), FinishReason.STOP
-            stop_str = x
-        elif tok in p.stop_token_ids and len(s.out) >= p.min_tokens:
-            reason = FinishReason.STOP
-        elif len(s.out) >= p.max_tokens:
-            reason = FinishReason.LENGTH
-        else:  # hold back a tail that may still become a stop string
-            hold = max((k for x in p.stop for k in range(1, len(x)) if s.text.endswith(x[:k])), default=0)
-            cut = len(s.text) - hold
-        text = s.text[s.emitted : max(cut, s.emitted)]
-        s.emitted = -1 if reason is not None else max(cut, s.emitted)
-        lps = None
-        if p.logprobs is not None:
-            top = [(tok, -0.25), *((t, -2.0 - j) for j, t in enumerate(b"xyz"))][: p.logprobs]
-            lps = [TokenLogprob(tok, -0.25, top)]
-        return self._delta(s, [tok], text, lps, reason, None, stop_str=stop_str)
-
-    def _scripted(self, s: _Seq, reply: bytes) -> SeqDelta:
-        done = len(s.out) >= len(reply)
-        tok = EOS if done else reply[len(s.out)]
-        s.out.append(tok)
-        self.generated += 1
-        if done:
-            s.emitted = -1
-            return self._delta(s, [tok], "", None, FinishReason.STOP, None)
-        reason = FinishReason.LENGTH if len(s.out) >= s.params.max_tokens else None
-        if reason is not None:
-            s.emitted = -1
-        return self._delta(s, [tok], chr(tok), None, reason, None)
-
-    def _delta(
-        self,
-        s: _Seq,
-        ids: list[int],
-        text: str,
-        lps: list[TokenLogprob] | None,
-        reason: FinishReason | None,
-        error: str | None,
-        kind: ErrorKind | None = None,
-        stop_str: str | None = None,
-    ) -> SeqDelta:
-        return SeqDelta(
-            s.request_id, s.index, ids, text, lps, reason, s.prompt_len, 0, len(s.out), error, kind, stop_str
-        )
+        return s.next_delta() if self.reply is None else s.scripted(self.reply)
