@@ -33,6 +33,8 @@ class RequestOutput:
     request_id: str
     prompt_ids: list[int]
     outputs: list[CompletionOutput]
+    # params.prompt_logprobs: None for the first prompt token (nothing before it), then each one's
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -130,6 +132,8 @@ class LLM:
             out.token_ids.extend(d.token_ids)
             out.text += d.text
             out.cached_tokens = d.cached_tokens
+            if d.prompt_logprobs is not None:
+                req.prompt_logprobs = [None, *d.prompt_logprobs]
             if d.logprobs is not None:
                 out.logprobs = (out.logprobs or []) + d.logprobs
             if d.finish_reason is None:

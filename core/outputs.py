@@ -27,6 +27,9 @@ class SeqDelta:
     # An embedding request's vector, on its one (final) delta: little-endian float32 bytes, as
     # OpenAI's base64 encoding carries them (the HTTP layer encodes them without a float list)
     embedding: bytes | None = None
+    # params.prompt_logprobs, on choice 0's first delta: the logprobs of prompt tokens 1.. (token 0
+    # has none: nothing comes before it)
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)

@@ -36,6 +36,10 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None = no logprobs; N >= 0 = sampled token + top-N
+    # the prompt's tokens' logprobs (each from the model's raw logits at the position before it)
+    # and top-N; None = none. Computed by the prefill, so a request asking for them takes no
+    # prefix-cache hits (core/engine/block_manager.py)
+    prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     grammar: GrammarSpec | None = None  # the output must match it (structured outputs, forced tool calls)
     # (token id, bias) pairs, ids ascending and distinct; added to the logits before penalties,
@@ -82,6 +86,11 @@ class SamplingParams:
             not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= MAX_LOGPROBS
         ):
             _fail("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        if self.prompt_logprobs is not None and (
+            not isinstance(self.prompt_logprobs, int) or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS
+        ):
+            got = self.prompt_logprobs
+            _fail("prompt_logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {got!r}")
         for token_id, bias in self.logit_bias:
             if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
                 _fail("logit_bias", f"bias of token {token_id} must be in [-100, 100], got {bias!r}")

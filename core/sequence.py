@@ -85,10 +85,18 @@ class Seq:
     # of the stacked buffers it holds a reference on (0: the base model's)
     lora: LoraAdapter | None = None
     lora_slot: int = 0
+    # params.prompt_logprobs (choice 0 only: its siblings share the prompt): the logprobs of prompt
+    # tokens 1.. as the prefill computes them; complete at len(prompt_ids) - 1 entries
+    prompt_lps: list[TokenLogprob] | None = None
 
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def wants_prompt_lps(self) -> bool:
+        """Prompt logprobs asked for and not all computed: its prefill must not skip cached blocks."""
+        return self.prompt_lps is not None and len(self.prompt_lps) < len(self.prompt_ids) - 1
 
     @property
     def num_tokens(self) -> int:

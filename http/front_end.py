@@ -67,4 +67,5 @@ class OpenAiFront:
         if gen.kind == "chat":
             tools = gen.tools is not None
             return chat_body(rid, created, model, results, usage, self._texts, tools, gen.max_tool_calls)
-        return completion_body(rid, created, model, results, usage, self._texts, gen.echo_texts)
+        prompts = gen.prompts if gen.echo_texts is not None and gen.logprobs is not None else None
+        return completion_body(rid, created, model, results, usage, self._texts, gen.echo_texts, prompts)

@@ -70,6 +70,8 @@ class Admission:
                 p = SamplingParams(**{**p.__dict__, "seed": p.seed + i})
             seq = Seq(next(self._seq_ids), r.request_id, list(r.prompt_ids), p, index=i, deadline=r.deadline)
             seq.leader = seqs[0] if seqs else None
+            if p.prompt_logprobs is not None and i == 0:
+                seq.prompt_lps = []
             seq.lora = adapter
             if p.grammar is not None:
                 self.prepare_grammar(p.grammar)  # a cache hit after the HTTP layer's prepare

@@ -86,6 +86,8 @@ class BlockManager:
         hashes: list[int] = []
         if not self.enable_prefix_caching or (seq.embed is not None and seq.embed.every_token):
             return hits, hashes  # mean / cls pooling reads every token's hidden state: no hits
+        if seq.wants_prompt_lps:
+            return hits, hashes  # prompt logprobs come from every prompt position's forward
         for i in range((seq.num_tokens - 1) // self.block_size):
             key = self._key(seq, i, hashes[-1] if hashes else _root(seq))
             block = self._block_of.get(key)

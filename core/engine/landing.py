@@ -69,6 +69,8 @@ class StepLanding(RunLanding):
             self.wait_seconds += time.perf_counter() - t0
             for seq in launched.seqs:
                 seq.num_pending -= 1
+        for seq, start, lps in result.prompt_lps:
+            _add_prompt_lps(seq, start, lps)
         seqs = launched.seqs
         if result.embeddings:  # the pooled sequences follow the sampled ones
             n = len(seqs) - len(result.embeddings)
@@ -123,7 +125,7 @@ class StepLanding(RunLanding):
                 continue
             lp = logprobs[i]
             deltas.append(
-                SeqDelta(
+                delta := SeqDelta(
                     seq.request_id,
                     seq.index,
                     [token],
@@ -138,6 +140,8 @@ class StepLanding(RunLanding):
                     None if reason is None else detok.stop_str,
                 )
             )
+            if seq.prompt_lps is not None and len(out) == 1:
+                delta.prompt_logprobs = seq.prompt_lps
             # overlap: the new token completed a block that the step in flight has computed
             if num_tokens % block_size == 0 and seq.num_computed >= num_tokens and reason is None:
                 self.blocks.commit(seq)
@@ -176,3 +180,11 @@ class StepLanding(RunLanding):
             error=seq.error,
             error_kind=seq.error_kind,
         )
+
+
+def _add_prompt_lps(seq: Seq, start: int, lps: list[TokenLogprob]) -> None:
+    """Appends a chunk's prompt logprobs where they continue the ones before (a chunk computed
+    before a preemption reset the sequence lands once; its recomputation scores nothing again)."""
+    have = seq.prompt_lps
+    if have is not None and start == len(have):
+        have.extend(lps)

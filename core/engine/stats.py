@@ -36,7 +36,6 @@ class EngineStats:
     kv_tokens_total: int = 0  # tokens the pool holds: kv_blocks_total x block_size (cache.dtype sizes it)
 
 
-
 def collect_stats(
     core: EngineCore, inbox_queued: int, busy: float, ring: SpscRing[StepOutput]
 ) -> EngineStats:

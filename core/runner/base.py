@@ -20,6 +20,9 @@ class SampleResult:
     # Embedding sequences pooled by the step (after the sampled ones in InflightStep.seqs): one
     # vector each, little-endian float32 bytes (SeqDelta.embedding)
     embeddings: list[bytes] = field(default_factory=list)
+    # params.prompt_logprobs: (sequence, position of the first scored row, logprobs of the prompt
+    # tokens after that row and the rows next to it) per prefill chunk that owed them
+    prompt_lps: list[tuple[Seq, int, list[TokenLogprob]]] = field(default_factory=list)
 
 
 class FatalRunnerError(RuntimeError):

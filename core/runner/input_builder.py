@@ -18,7 +18,7 @@ import torch
 from rillet.core.attention.base import AttentionMetadata
 from rillet.core.engine.scheduler import ScheduledBatch
 from rillet.core.runner.persistent_batch import PersistentBatch
-from rillet.core.runner.step_inputs import PoolRows, StepInputs, split_batch
+from rillet.core.runner.step_inputs import PoolRows, PromptRows, StepInputs, split_batch
 from rillet.core.sequence import Seq
 
 
@@ -79,12 +79,25 @@ class InputBuilder(PersistentBatch):
         h.starts.append(start)
         h.qstart.append(h.qstart[-1] + n)
         h.lens.append(end)
+        if seq.prompt_lps is not None:
+            self._add_prompt_rows(h, seq, start, end)
         if seq.embed is not None:
             h.pool.append(PoolRows(seq, h.qstart[-2], n, start, end == seq.num_scheduled_tokens))
         elif end == seq.num_scheduled_tokens:
             h.sample_at.append(h.qstart[-1] - 1)
             h.sample_row.append(row)
             h.sample_seqs.append(seq)
+
+    @staticmethod
+    def _add_prompt_rows(h: _HostLists, seq: Seq, start: int, end: int) -> None:
+        """The chunk's positions whose next token is a prompt token still unscored (a recomputed
+        prefill, after preemption, skips those scored before)."""
+        assert seq.prompt_lps is not None
+        first = max(start, len(seq.prompt_lps))
+        last = min(end, len(seq.prompt_ids) - 1)
+        if first < last:
+            at = h.qstart[-2] + first - start
+            h.prompt_lps.append(PromptRows(seq, at, first, seq.prompt_ids[first + 1 : last + 1]))
 
     def _add_decodes(self, h: _HostLists, decodes: list[Seq]) -> None:
         """The common case, once per decoding sequence per step: kept to a few list operations."""
@@ -174,7 +187,9 @@ class InputBuilder(PersistentBatch):
             block_size=bs,
             num_prefills=num_chunks,
         )
-        inputs = StepInputs(ids, positions, meta, sample_at, h.sample_seqs, sample_row, pool=h.pool)
+        inputs = StepInputs(
+            ids, positions, meta, sample_at, h.sample_seqs, sample_row, pool=h.pool, prompt_lps=h.prompt_lps
+        )
         if n_fut:
             inputs.future_at, inputs.future_rows = fut_at, fut_row
         if slots:
@@ -200,3 +215,4 @@ class _HostLists:
     offsets: list[int] = field(default_factory=list)  # [<= S] position in the verify run (see build)
     writes: list[tuple[int, int, int]] = field(default_factory=list)  # (row, column, block)
     pool: list[PoolRows] = field(default_factory=list)  # embedding chunks
+    prompt_lps: list[PromptRows] = field(default_factory=list)  # chunks that owe prompt logprobs

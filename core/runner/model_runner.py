@@ -9,7 +9,7 @@ launch there returns once the step is done. The token layout of a step is in ste
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -19,11 +19,12 @@ from rillet.core.model.decoder import DecoderModel, KVCache
 from rillet.core.runner.base import InflightStep, SampleResult
 from rillet.core.runner.input_builder import InputBuilder
 from rillet.core.runner.pooling import ChunkPooler, Pooled
+from rillet.core.runner.prompt_logprobs import prompt_logprobs
 from rillet.core.runner.sample_output import HostSample
 from rillet.core.runner.sampler import Sampler
 from rillet.core.runner.step_inputs import StepInputs
 from rillet.core.runner.verify_rounds import Ready, sample_in_rounds
-from rillet.core.sequence import Seq
+from rillet.core.sequence import Seq, TokenLogprob
 from rillet.core.spec.grammar import verify_masks
 from rillet.core.spec.verify_layout import padded_verify_batch
 from rillet.core.spec.views import position_views
@@ -37,11 +38,13 @@ class _Launched:
     seqs: list[Seq]  # the sampled ones, then the pooled ones
     host: HostSample | Ready
     pooled: Pooled | None = None
+    prompt_lps: list[tuple[Seq, int, list[TokenLogprob]]] = field(default_factory=list)
 
     def wait(self) -> SampleResult:
         result = self.host.wait()
         if self.pooled is not None:
             result.embeddings = self.pooled.to_host()
+        result.prompt_lps = self.prompt_lps
         return result
 
 
@@ -100,10 +103,13 @@ class ModelRunner:
             hidden = self._hidden(inp)
             if inp.pool:
                 pooled_seqs, pooled = self._pool(hidden, inp)
+        prompt_lps = (
+            prompt_logprobs(self.model.compute_logits, hidden, inp.prompt_lps) if inp.prompt_lps else []
+        )
         sampled = _sample_rows(hidden, inp)
         if not rows:  # prefill chunks that sample nothing yet, embeddings
             empty = HostSample(torch.empty(0, dtype=torch.int64), None, 0, None)
-            return _Launched(pooled_seqs, empty, pooled)
+            return _Launched(pooled_seqs, empty, pooled, prompt_lps)
         argmax_only = self.sampler.argmax_only(rows)
         if inp.sample_offsets is not None and self.device.type == "cpu":  # verify_rounds.py
             result, tokens = sample_in_rounds(
@@ -116,11 +122,11 @@ class ModelRunner:
                 mask,
             )
             self.inputs.store_sampled(inp, tokens)
-            return _Launched(seqs + pooled_seqs, Ready(result), pooled)
+            return _Launched(seqs + pooled_seqs, Ready(result), pooled, prompt_lps)
         logits = self.model.compute_logits(sampled, argmax_only)  # [S, V]
         sample = self.sampler.sample_device(logits, rows, mask)
         self.inputs.store_sampled(inp, sample.tokens)
-        return _Launched(seqs + pooled_seqs, sample.start_copy(), pooled)
+        return _Launched(seqs + pooled_seqs, sample.start_copy(), pooled, prompt_lps)
 
     def _pool(self, hidden: torch.Tensor, inp: StepInputs) -> tuple[list[Seq], Pooled | None]:
         if self.pooler is None:

@@ -43,6 +43,7 @@ class StepInputs:
     sample_offsets: list[int] | None = None  # [S] position of each sample row in its verify run
     verify_only: bool = False  # verify rows and decodes only: every token samples (graph verify step)
     lora_slots: torch.Tensor | None = None  # [T] int64 LoRA slot per token; None: every row is base
+    prompt_lps: list[PromptRows] = field(default_factory=list)  # chunks that owe prompt logprobs
 
 
 @dataclass(slots=True)
@@ -54,6 +55,18 @@ class PoolRows:
     count: int
     start: int  # the position of the chunk's first token (0: the chunk opens the sequence)
     last: bool  # the chunk ends the prompt: the vector is ready after this step
+
+
+@dataclass(slots=True)
+class PromptRows:
+    """A prefill chunk's rows whose logits score prompt tokens (params.prompt_logprobs): token
+    `first + i` of the step's T is at position `start + i` and predicts `targets[i]`, the prompt
+    token after it."""
+
+    seq: Seq
+    first: int
+    start: int
+    targets: list[int]
 
 
 def order_batch(batch: ScheduledBatch) -> list[tuple[Seq, int]]:

@@ -7,7 +7,7 @@ from typing import Any
 
 from rillet.core.sequence import TokenLogprob
 from rillet.http.openai.chunks import Usage
-from rillet.http.openai.logprobs import CompletionLogprobs, TokenTexts, chat_entries
+from rillet.http.openai.logprobs import CompletionLogprobs, TokenTexts, chat_entries, merge_columns
 from rillet.http.openai.tool_calls import new_call_id, parse_all
 
 
@@ -15,6 +15,7 @@ from rillet.http.openai.tool_calls import new_call_id, parse_all
 class ChoiceResult:
     texts: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None  # of prompt tokens 1.. (choice 0 of a prompt)
     finish_reason: str | None = None
     stop_str: str | None = None  # the stop string that ended it, if one did
 
@@ -68,11 +69,21 @@ def completion_body(
     usage: Usage,
     texts: TokenTexts,
     echo_texts: list[str] | None,
+    prompts: list[list[int]] | None = None,
 ) -> dict[str, Any]:
+    """`prompts`: with echo and logprobs, the prompts' ids, whose columns lead each choice's."""
     choices = []
     for i, r in enumerate(results):
         prefix = echo_texts[i // usage.n] if echo_texts is not None else ""
-        lps = CompletionLogprobs().columns(r.logprobs, texts) if r.logprobs is not None else None
+        lps = None
+        if r.logprobs is not None:
+            columns = CompletionLogprobs()
+            parts = []
+            if prompts is not None:  # the prompt group's choice 0 carries its prompt's logprobs
+                scored = results[i - i % usage.n].prompt_logprobs or []
+                parts.append(columns.prompt_columns(prompts[i // usage.n], scored, texts))
+            parts.append(columns.columns(r.logprobs, texts))
+            lps = merge_columns(parts)
         choices.append(
             {"index": i, "text": prefix + r.text, "logprobs": lps, "finish_reason": r.finish_reason}
         )

@@ -76,6 +76,19 @@ class CompletionLogprobs:
             self.offset += len(text)
         return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
+    def prompt_columns(
+        self, prompt: list[int], scored: list[TokenLogprob], texts: TokenTexts
+    ) -> dict[str, Any]:
+        """An echoed prompt's columns (completions with echo and logprobs): its first token has no
+        logprob (null, as OpenAI reports it: nothing comes before it), the others `scored`."""
+        if not prompt:
+            return merge_columns([])
+        text = texts.text(prompt[0])
+        first = {"tokens": [text], "token_logprobs": [None], "top_logprobs": [None]}
+        first["text_offset"] = [self.offset]
+        self.offset += len(text)
+        return merge_columns([first, self.columns(scored, texts)])
+
 
 def merge_columns(parts: list[dict[str, Any]]) -> dict[str, Any]:
     merged: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}

@@ -174,10 +174,8 @@ def parse_completion(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
             raise unsupported(name, "is a chat completions parameter")
     logprobs = opt_int(body, "logprobs", 0, MAX_LOGPROBS)
     echo = bool(opt_bool(body, "echo"))
-    if echo and logprobs is not None:
-        raise unsupported(
-            "echo", "together with 'logprobs' is not supported: prompt logprobs are not computed"
-        )
+    if echo and logprobs is not None and opt_bool(body, "stream"):
+        raise unsupported("echo", "together with 'logprobs' is supported without 'stream' only")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) > limits.max_prompts and not is_int(prompt[0]):
         raise bad_request(
@@ -189,7 +187,11 @@ def parse_completion(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
         texts = [t if t is not None else tokenizer.decode(ids) for ids, t in zip(prompts, texts, strict=True)]
     echo_texts = [t or "" for t in texts] if echo else None
     grammar = parse_response_format(body)
-    return _build("completion", body, prompts, "prompt", "max_tokens", logprobs, echo_texts, limits, grammar)
+    gen = _build("completion", body, prompts, "prompt", "max_tokens", logprobs, echo_texts, limits, grammar)
+    if echo and logprobs is not None:  # the echoed prompt's tokens get theirs too (legacy completions)
+        params = [dataclasses.replace(p, prompt_logprobs=logprobs) for p in gen.params]
+        gen = dataclasses.replace(gen, params=params)
+    return gen
 
 
 # ---- shared --------------------------------------------------------------------------------------

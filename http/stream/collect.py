@@ -26,6 +26,8 @@ class _Collector:
         r.texts.append(d.text)
         if d.logprobs is not None and r.logprobs is not None:
             r.logprobs.extend(d.logprobs)
+        if d.prompt_logprobs is not None:
+            r.prompt_logprobs = d.prompt_logprobs
         if d.finish_reason is not None:
             failure = finish_failure(d.finish_reason, d.error, d.error_kind)
             if failure is None:

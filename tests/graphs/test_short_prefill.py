@@ -1,8 +1,8 @@
 """Short prefill steps through the compiled multi-query step (graphs.short_prefill, CPU): built
 with speculation off, taken by a prompt of at most that many tokens and by the uncached tail of a
-prompt after a prefix-cache hit, never by a longer chunk; the tokens equal the eager prefill's, no
-graph is compiled again for a new Q, and the KV pool is whole afterwards. With speculation on, the
-same graph serves both kinds of step."""
+prompt after a prefix-cache hit, never by a longer chunk; the tokens (and prompt logprobs) equal
+the eager prefill's, no graph is compiled again for a new Q, and the KV pool is whole afterwards.
+With speculation on, the same graph serves both kinds of step."""
 
 from __future__ import annotations
 
@@ -73,6 +73,23 @@ def test_short_prefill_runs_compiled_and_matches_eager(tiny_hf_model: Any) -> No
         shapes.clear()
         assert generate(SHORT_PROMPTS[1:], compiled=True) == generate(SHORT_PROMPTS[1:], compiled=False)
         assert shapes == [(2, len(SHORT_PROMPTS[2]))]  # two rows, padded to the longer one
+
+        # prompt logprobs read the multi-query graph's hidden states as they read eager ones
+        scored = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True, prompt_logprobs=2)
+        shapes.clear()
+        graphed = [o.prompt_logprobs for o in llm.generate(SHORT_PROMPTS[1:], scored)]
+        assert shapes == [(2, len(SHORT_PROMPTS[2]))]
+        gr.compiled.ready = False
+        try:
+            eager = [o.prompt_logprobs for o in llm.generate(SHORT_PROMPTS[1:], scored)]
+        finally:
+            gr.compiled.ready = True
+        for g, e in zip(graphed, eager, strict=True):
+            assert g is not None and e is not None and len(g) == len(e) and g[0] is None
+            for a, b in zip(g[1:], e[1:], strict=True):
+                assert a is not None and b is not None and a.token_id == b.token_id
+                assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+                assert [t for t, _ in a.top] == [t for t, _ in b.top]
 
         shapes.clear()
         first = generate([LONG_PROMPT], compiled=True)

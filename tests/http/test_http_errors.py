@@ -122,7 +122,8 @@ def test_completions_specific_errors(synth_server: BackgroundServer, model: str)
     assert_error(post(synth_server, COMP, {**base, "prompt": [1, "a"]}), 400, param="prompt")
     assert_error(post(synth_server, COMP, {**base, "prompt": [10**9]}), 400, param="prompt")
     assert_error(post(synth_server, COMP, {**base, "logprobs": 50}), 400, param="logprobs")
-    assert_error(post(synth_server, COMP, {**base, "echo": True, "logprobs": 1}), 400, param="echo")
+    echoed = {**base, "echo": True, "logprobs": 1, "stream": True}  # the prompt's logprobs: not streamed
+    assert_error(post(synth_server, COMP, echoed), 400, param="echo")
     assert_error(post(synth_server, COMP, {"model": model, "max_tokens": 3}), 400, param="prompt")
 
 

@@ -41,7 +41,9 @@ def run(cfg: RilletConfig, batches: list[Prompts], new: int) -> tuple[list[list[
 
         sched._preempt = spy  # type: ignore[method-assign]
         params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
-        outs = [llm.generate(b, params) for b in batches]
+        scored = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True, prompt_logprobs=2)
+        # the first batch's prompts are scored too (so they take no prefix-cache hits; the second's do)
+        outs = [llm.generate(b, scored if i == 0 else params) for i, b in enumerate(batches)]
         core = llm.engine.core
         core.blocks.check_integrity()
         assert core.blocks.num_used == 0
@@ -50,6 +52,17 @@ def run(cfg: RilletConfig, batches: list[Prompts], new: int) -> tuple[list[list[
 
 def tokens(outs: list[list[RequestOutput]]) -> list[list[list[int]]]:
     return [[o.outputs[0].token_ids for o in batch] for batch in outs]
+
+
+def assert_same_prompt_logprobs(
+    got: list[RequestOutput], want: list[RequestOutput], tol: float = 1e-4
+) -> None:
+    for g, w in zip(got, want, strict=True):
+        assert g.prompt_logprobs is not None and w.prompt_logprobs is not None
+        assert len(g.prompt_logprobs) == len(w.prompt_logprobs) == len(g.prompt_ids)
+        for a, b in zip(g.prompt_logprobs[1:], w.prompt_logprobs[1:], strict=True):
+            assert a is not None and b is not None and a.token_id == b.token_id
+            assert a.logprob == pytest.approx(b.logprob, abs=tol)
 
 
 @pytest.mark.parametrize(
@@ -88,6 +101,7 @@ def test_tiny_models_tp2_match_tp1(
     want, _ = run(cfg(1), batches, 10)
     got, preemptions = run(cfg(2), batches, 10)
     assert tokens(got) == tokens(want)
+    assert_same_prompt_logprobs(got[0], want[0])
     assert preemptions > 0, "the pool was meant to be too small for the whole batch"
     assert any(o.outputs[0].cached_tokens > 0 for o in got[1]), "the second batch should hit the prefix cache"
 
@@ -113,5 +127,6 @@ def test_default_model_tp3_matches_tp1() -> None:
     got, preemptions = run(tp3, batches, 8)
     assert tokens(got) == tokens(want)
     assert [o.outputs[0].text for o in got[0]] == [o.outputs[0].text for o in want[0]]
+    assert_same_prompt_logprobs(got[0], want[0], 1e-3)  # a 576-wide all-reduce sums in another order
     assert preemptions > 0
     assert any(o.outputs[0].cached_tokens > 0 for o in got[1])

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import openai
+import pytest
 
 MESSAGES = [{"role": "user", "content": "Name a colour."}]
 
@@ -79,3 +82,33 @@ def test_completion_logprobs_shape(client: openai.OpenAI, model: str) -> None:
     assert "".join(lp.tokens) == r.choices[0].text
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
     assert all(1 <= len(top) <= 3 and tok in top for tok, top in zip(lp.tokens, lp.top_logprobs, strict=True))
+
+
+def test_echo_with_logprobs_scores_the_prompt(client: openai.OpenAI, model: str, server: Any) -> None:
+    """lm-evaluation-harness's loglikelihood request (prompts as ids, echo, logprobs=1, max_tokens=1):
+    the echoed prompt's tokens carry the logprobs the model gives them, as it gave them when it
+    generated those same tokens (prefill and decode score each position alike)."""
+    tok = server.state.engine.tokenizer
+    context = tok.encode("The capital of France is")
+    gen = client.completions.create(model=model, prompt=context, max_tokens=3, temperature=0, logprobs=1)
+    glp = gen.choices[0].logprobs
+    assert glp is not None and glp.tokens is not None and glp.token_logprobs is not None
+    full = tok.encode(tok.decode(context) + gen.choices[0].text)
+    r = client.completions.create(
+        model=model, prompt=[full, context], max_tokens=1, temperature=0, logprobs=1, echo=True
+    )
+    lp = r.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None
+    assert lp.top_logprobs is not None and lp.text_offset is not None
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(full) + 1
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # nothing comes before it
+    assert "".join(lp.tokens) == r.choices[0].text and lp.text_offset == sorted(lp.text_offset)
+    n = len(context)
+    assert lp.tokens[n : n + 3] == glp.tokens
+    assert lp.token_logprobs[n : n + 3] == pytest.approx(glp.token_logprobs, abs=1e-3)
+    # greedy tokens are their position's top choice (the harness's is_greedy)
+    picked = zip(lp.token_logprobs[n : n + 3], lp.top_logprobs[n : n + 3], strict=True)
+    assert all(t == max(top.values()) for t, top in picked)
+    short = r.choices[1].logprobs
+    assert short is not None and short.token_logprobs is not None
+    assert short.token_logprobs[1:n] == pytest.approx(lp.token_logprobs[1:n], abs=1e-3)  # same prefix
