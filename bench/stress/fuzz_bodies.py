@@ -1,6 +1,7 @@
 """Long fuzzing run: `--cases` hostile bodies (default 10,000) split over the four generation
 endpoints (chat, completions, /v1/responses, /v1/messages) and both families (random JSON,
-almost-valid), through one loopback server; prints the status histogram.
+almost-valid), and /tokenize and /detokenize (one mixed family each), through one loopback
+server; prints the status histogram.
 
     .venv/bin/python -m bench.stress.fuzz_bodies --cases 10000
     .venv/bin/python -m bench.stress.fuzz_bodies --cases 2000 --engine tiny   # real sampler path
@@ -23,6 +24,7 @@ use_test_support()  # the raw HTTP client, engine hooks and attack libraries of 
 from fuzzing.api_bodies import almost_valid_api_body, random_api_body  # noqa: E402
 from fuzzing.chat_bodies import almost_valid_body, random_body  # noqa: E402
 from fuzzing.client import Client  # noqa: E402
+from fuzzing.tokenize_bodies import DETOKENIZE, TOKENIZE, tokenize_body  # noqa: E402
 from fuzzing.values import MESSAGES, RESPONSES  # noqa: E402
 from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 from rel_helpers import CHAT, COMP, assert_all_released, assert_serves, served  # noqa: E402
@@ -57,7 +59,6 @@ def main() -> int:
     ap.add_argument("--engine", choices=sorted(ENGINES), default="synthetic")
     ap.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: random)")
     args = ap.parse_args()
-    per_run = max(1, args.cases // 8)
     t0 = time.monotonic()
     with served(*BASE, *ENGINES[args.engine]) as (engine, srv):
         model = engine.model_name
@@ -67,7 +68,10 @@ def main() -> int:
             COMP: (random_body("completion"), almost_valid_body("completion", model)),
             RESPONSES: (random_api_body("responses"), almost_valid_api_body("responses", model)),
             MESSAGES: (random_api_body("messages"), almost_valid_api_body("messages", model)),
+            TOKENIZE: (tokenize_body(TOKENIZE, model),),
+            DETOKENIZE: (tokenize_body(DETOKENIZE, model),),
         }
+        per_run = max(1, args.cases // sum(map(len, families.values())))
         for path, pair in families.items():
             for family in pair:
                 fuzz(client, path, family, per_run, args.seed)
