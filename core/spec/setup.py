@@ -53,4 +53,7 @@ def build_speculator(
         sc.num_tokens,
         sc.max_batch,
     )
-    return Speculator(sc, drafter, max_model_len, eos, device.type)
+    import torch  # loaded by now (the model is); at run time this module does not need it before
+
+    amx = device.type == "cpu" and torch.cpu._is_amx_tile_supported()
+    return Speculator(sc, drafter, max_model_len, eos, device.type, amx)
