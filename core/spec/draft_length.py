@@ -39,24 +39,15 @@ PRIOR_MISS = 0.6  # prior_q(n) = 1 - PRIOR_MISS / n: 0.4, 0.7, 0.8, 0.85 for n =
 # 5.3 ms and a verify step as 2 / 3 / 4 decode rows 6.0 / 7.4 / 8.2 ms (+0.14-0.19 a row); at 0.1
 # n-gram drafts cost open chat 7 % (0.933 of spec off), at 0.2 1 % (0.99). Before that step a
 # verify step cost ~0.09 of a decode step more plus ~0.06 a drafted token, and 0.1 paid.
-# That was an AMX Xeon, whose int4 GEMM template dequantizes each weight once for all rows. Without
-# AMX (AVX-512 only: the int4 kernels dequantize again per block of rows), a row costs more: on an
-# AMD EPYC, 1 and 2 threads, row_cost 0.5 against 0.2 took open chat from 0.94 / 0.87 (batch 1 / 2)
-# of spec off to 1.03 / 1.03 and grounded prompts from 1.51-1.54 to 1.53-1.59 (bench.engine.spec_ab,
-# bench/RESULTS.md 2026-12-04).
 # CUDA: not measured; a decode step there is memory-bound, so extra query rows cost little
 CPU_ROW_COST = 0.2
-CPU_ROW_COST_NO_AMX = 0.5
 CUDA_ROW_COST = 0.02
 
 
-def resolve_row_cost(configured: float | None, device_type: str, amx: bool = False) -> float:
-    """speculative.row_cost, or its default for the device (`amx`: a CPU with AMX tiles)."""
+def resolve_row_cost(configured: float | None, device_type: str) -> float:
     if configured is not None:
         return configured
-    if device_type == "cuda":
-        return CUDA_ROW_COST
-    return CPU_ROW_COST if amx else CPU_ROW_COST_NO_AMX
+    return CUDA_ROW_COST if device_type == "cuda" else CPU_ROW_COST
 
 
 def prior_q(match: int) -> float:

@@ -53,7 +53,4 @@ def build_speculator(
         sc.num_tokens,
         sc.max_batch,
     )
-    import torch  # loaded by now (the model is); at run time this module does not need it before
-
-    amx = device.type == "cpu" and torch.cpu._is_amx_tile_supported()
-    return Speculator(sc, drafter, max_model_len, eos, device.type, amx)
+    return Speculator(sc, drafter, max_model_len, eos, device.type)

@@ -44,11 +44,9 @@ class Speculator:
         max_model_len: int,
         eos: tuple[int, ...],
         device_type: str = "cpu",
-        amx: bool = False,
     ) -> None:
         self.cfg = cfg
-        self.device_type = device_type  # with amx, sets the default row_cost (draft_length.py)
-        self.amx = amx
+        self.device_type = device_type  # sets the default row_cost (draft_length.py)
         self.drafter = drafter
         self.max_model_len = max_model_len
         self.eos = frozenset(eos)
@@ -92,8 +90,7 @@ class Speculator:
 
     def _new_length(self) -> DraftLength:
         if self.drafter.cheap:
-            row_cost = resolve_row_cost(self.cfg.row_cost, self.device_type, self.amx)
-            return ByMatch(self.cfg.num_tokens, row_cost)
+            return ByMatch(self.cfg.num_tokens, resolve_row_cost(self.cfg.row_cost, self.device_type))
         return AdaptiveK(self.cfg.num_tokens)
 
     def _room(self, seq: Seq) -> int:

@@ -29,7 +29,7 @@ def test_compiled_verify_matches_eager(tiny_hf_model: Any, kv_dtype: str) -> Non
             "model": {"path": str(folder), "kind": "hf", "dtype": "float32", "device": "cpu"},
             "cache": {"dtype": kv_dtype},
             "graphs": {"enabled": "on", "buckets": [1, 2, 4, 8], "short_prefill": 0},  # Q <= 4
-            "speculative": {"method": "ngram", "num_tokens": 3, "max_batch": 4, "row_cost": 0.2},
+            "speculative": {"method": "ngram", "num_tokens": 3, "max_batch": 4},
         }
     )
     with LLM(cfg) as llm:

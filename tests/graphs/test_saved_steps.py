@@ -61,7 +61,7 @@ def _settings(folder: Path, cache: Path) -> dict[str, Any]:
             "num_threads": torch.get_num_threads(),  # the key holds it: the build and the engine agree
         },
         "graphs": {"enabled": "on", "buckets": [1, 2, 4]},
-        "speculative": {"method": "ngram", "num_tokens": 3, "max_batch": 4, "row_cost": 0.2},
+        "speculative": {"method": "ngram", "num_tokens": 3, "max_batch": 4},
     }
 
 

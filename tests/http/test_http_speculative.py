@@ -31,7 +31,6 @@ def engine(tiny_hf_model: Any) -> Iterator[Any]:
         "model.dtype=float32",
         "scheduler.max_num_seqs=8",
         "speculative.method=ngram",
-        "speculative.row_cost=0.2",  # not the CPU's default, which depends on AMX
         "speculative.max_batch=8",
     ]
     eng = Engine(load_config(None, overrides))

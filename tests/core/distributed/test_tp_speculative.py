@@ -22,7 +22,7 @@ def test_ngram_speculation_at_tp2_matches_one_rank_without(tiny_hf_model: Any) -
                 "model": {"path": str(folder), "kind": "hf", "dtype": "float32", "num_threads": 1},
                 "cache": {"num_blocks": 24, "block_size": 8},
                 "parallel": {"tensor_parallel_size": tp},
-                "speculative": {"method": spec, "max_batch": 4, "row_cost": 0.2},
+                "speculative": {"method": spec, "max_batch": 4},
             }
         )
         with LLM(cfg) as llm:

@@ -13,14 +13,7 @@ from rillet.core.engine.scheduler import Scheduler
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import Seq
 from rillet.core.spec.adaptive import MIN_ACCEPTANCE, PAUSE_STEPS, WINDOW, AdaptiveK
-from rillet.core.spec.draft_length import (
-    CPU_ROW_COST,
-    CPU_ROW_COST_NO_AMX,
-    CUDA_ROW_COST,
-    ByMatch,
-    prior_q,
-    resolve_row_cost,
-)
+from rillet.core.spec.draft_length import CPU_ROW_COST, CUDA_ROW_COST, ByMatch, prior_q, resolve_row_cost
 from rillet.core.spec.drafter import Draft
 from rillet.core.spec.ngram import NgramDrafter
 from rillet.core.spec.speculator import Speculator
@@ -116,13 +109,7 @@ def test_by_match_drafts_what_pays_per_matched_suffix_length() -> None:
 
 
 def test_row_cost_defaults_by_device_unless_set() -> None:
-    assert resolve_row_cost(None, "cpu") == CPU_ROW_COST_NO_AMX > CPU_ROW_COST  # no AMX: dearer rows
-    assert (
-        resolve_row_cost(None, "cpu", amx=True)
-        == CPU_ROW_COST
-        > resolve_row_cost(None, "cuda")
-        == CUDA_ROW_COST
-    )
+    assert resolve_row_cost(None, "cpu") == CPU_ROW_COST > resolve_row_cost(None, "cuda") == CUDA_ROW_COST
     assert resolve_row_cost(0.3, "cuda") == 0.3 and resolve_row_cost(0.0, "cpu") == 0.0
     assert config_from_dict({}).speculative.row_cost is None
 
@@ -140,7 +127,7 @@ def test_lookups_are_cut_by_match_and_model_drafts_by_adaptive_k() -> None:
         def propose(self, seqs: list[Seq], ks: list[int], hidden: Any = None) -> list[Draft]:
             return [Draft([1] * k) for k in ks]
 
-    cfg = config_from_dict({"speculative": {"method": "ngram", "num_tokens": 5, "row_cost": 0.2}}).speculative
+    cfg = config_from_dict({"speculative": {"method": "ngram", "num_tokens": 5}}).speculative
     model = Speculator(cfg, Model(1, 2), 64, (EOS,))
     t = seq(loop, [7], i=1)
     model.propose([t])
