@@ -19,8 +19,9 @@ from rillet.http.anthropic.messages import chat_messages
 from rillet.http.anthropic.tools import parse_tools
 from rillet.http.openai.errors import bad_request, unsupported
 from rillet.http.openai.fields import Body, opt_dict, type_name
-from rillet.http.openai.protocol import GenRequest, Limits, chat_request, check_model, render_chat_ids
+from rillet.http.openai.protocol import GenRequest, Limits, chat_request, check_model
 from rillet.http.openai.response_format import schema_text
+from rillet.http.openai.tool_prompt import render_chat_ids
 
 _SAMPLING = ("temperature", "top_p", "top_k", "max_tokens", "stream", "ignore_eos")
 _REFUSED = ("container", "mcp_servers")

@@ -20,7 +20,7 @@ from rillet.http.openai.errors import bad_request, model_not_found, unsupported
 from rillet.http.openai.fields import Body, is_int, opt_bool, opt_dict, opt_int, opt_str, type_name
 from rillet.http.openai.response_format import parse_response_format
 from rillet.http.openai.sampling import fit_context, sampling_params
-from rillet.http.openai.tool_prompt import for_template, template_renders_tools
+from rillet.http.openai.tool_prompt import render_chat
 from rillet.http.openai.tools import ToolSetup, parse_tools
 
 Kind = Literal["chat", "completion"]
@@ -123,7 +123,7 @@ def chat_request(
     """
     if tools is not None and tools.mode != "auto":
         grammar = tools.grammar(limits.json_options, limits.max_tool_calls)
-    text = _render_chat(tokenizer, messages, tools, prompt_field)
+    text = render_chat(tokenizer, messages, tools, prompt_field)
     # The template already holds any BOS the model wants.
     ids = tokenizer.encode(text, add_special_tokens=False)
     gen = _build("chat", body, [ids], prompt_field, max_tokens_field, logprobs, None, limits, grammar)
@@ -133,36 +133,6 @@ def chat_request(
         else None
     )
     return dataclasses.replace(gen, tools=tools, tool_check=check)
-
-
-def render_chat_ids(
-    tokenizer: Any,
-    messages: list[dict[str, Any]],
-    tools: ToolSetup | None,
-    prompt_field: str = "messages",
-    add_generation_prompt: bool = True,
-) -> list[int]:
-    """The prompt's token ids as chat_request builds them (for token counting and /tokenize)."""
-    text = _render_chat(tokenizer, messages, tools, prompt_field, add_generation_prompt)
-    return list(tokenizer.encode(text, add_special_tokens=False))
-
-
-def _render_chat(
-    tokenizer: Any,
-    messages: list[dict[str, Any]],
-    tools: ToolSetup | None,
-    prompt_field: str,
-    add_generation_prompt: bool = True,
-) -> str:
-    native = template_renders_tools(tokenizer)
-    rendered = for_template(messages, tools.tools if tools else None, native)
-    extra: dict[str, Any] = {"tools": [t.openai() for t in tools.tools]} if native and tools else {}
-    extra["add_generation_prompt"] = add_generation_prompt
-    try:
-        text: str = tokenizer.apply_chat_template(rendered, **extra)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise bad_request(f"cannot apply the chat template: {exc}", param=prompt_field) from exc
-    return text
 
 
 def parse_completion(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:

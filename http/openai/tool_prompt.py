@@ -1,4 +1,5 @@
-"""How tools reach the prompt, and the tool-call text format the model is asked to write.
+"""How tools reach the prompt, and the tool-call text format the model is asked to write; and the
+whole chat (messages and tools) through the template (`render_chat`, `render_chat_ids`).
 
 A chat template that renders tools itself (it mentions `tools`) gets them as the `tools` variable,
 and the messages of earlier tool turns as they are (HF's convention: an assistant message's
@@ -36,7 +37,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rillet.http.openai.tools import Tool
+from rillet.http.openai.errors import bad_request
+from rillet.http.openai.tools import Tool, ToolSetup
 
 TOOLS_INTRO = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -117,3 +119,35 @@ def _native(m: dict[str, Any]) -> dict[str, Any]:
             args = c["function"]["arguments"]
         native_calls.append({**c, "function": {"name": c["function"]["name"], "arguments": args}})
     return {**m, "tool_calls": native_calls}
+
+
+def render_chat_ids(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: ToolSetup | None,
+    prompt_field: str = "messages",
+    add_generation_prompt: bool = True,
+) -> list[int]:
+    """The prompt's token ids as chat_request builds them (for token counting and /tokenize)."""
+    text = render_chat(tokenizer, messages, tools, prompt_field, add_generation_prompt)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def render_chat(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: ToolSetup | None,
+    prompt_field: str,
+    add_generation_prompt: bool = True,
+) -> str:
+    """The messages (and tools, as the template takes them or in the system prompt) through the
+    chat template; a template that refuses them is a 400 naming `prompt_field`."""
+    native = template_renders_tools(tokenizer)
+    rendered = for_template(messages, tools.tools if tools else None, native)
+    extra: dict[str, Any] = {"tools": [t.openai() for t in tools.tools]} if native and tools else {}
+    extra["add_generation_prompt"] = add_generation_prompt
+    try:
+        text: str = tokenizer.apply_chat_template(rendered, **extra)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise bad_request(f"cannot apply the chat template: {exc}", param=prompt_field) from exc
+    return text

@@ -19,7 +19,8 @@ from typing import Any
 from rillet.http.openai.chat_messages import parse_messages
 from rillet.http.openai.errors import bad_request
 from rillet.http.openai.fields import Body, is_int, opt_bool, type_name
-from rillet.http.openai.protocol import Limits, check_model, render_chat_ids
+from rillet.http.openai.protocol import Limits, check_model
+from rillet.http.openai.tool_prompt import render_chat_ids
 from rillet.http.openai.tools import parse_tools
 
 _PROMPT_FIELDS = ("prompt", "content", "messages")
