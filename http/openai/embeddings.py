@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import orjson
 from rillet.http.openai.errors import ApiError, bad_request, model_not_found
-from rillet.http.openai.fields import Body, is_int, opt_int, opt_str, type_name
+from rillet.http.openai.fields import Body, check_vocab, is_int, opt_int, opt_str, type_name
 from rillet.http.openai.protocol import Limits
 
 _INPUT_SHAPE = "a string, an array of strings, an array of token ids or an array of token-id arrays"
@@ -130,10 +130,7 @@ def _truncate_text(tokenizer: Any, text: str, ids: list[int], keep: int) -> list
 def _ids(ids: list[int], i: int, limits: Limits, truncate: int | None) -> list[int]:
     if not ids:
         raise bad_request(f"'input[{i}]' is an empty array of token ids", param="input")
-    vocab = limits.vocab_size
-    bad = [t for t in ids if t < 0 or (vocab is not None and t >= vocab)]
-    if bad:
-        raise bad_request(f"'input[{i}]' holds token id {bad[0]} outside the vocabulary", param="input")
+    check_vocab(ids, limits.vocab_size, f"input[{i}]", "input")
     if truncate is not None and len(ids) > truncate:
         return ids[-truncate:]
     if len(ids) > limits.max_model_len:

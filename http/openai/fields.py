@@ -106,3 +106,10 @@ def opt_int_list(body: Body, name: str) -> list[int] | None:
     if not isinstance(value, list) or not all(is_int(v) for v in value):
         raise _type_error(name, "an array of integers", value)
     return list(value)
+
+
+def check_vocab(ids: list[int], vocab_size: int | None, where: str, param: str) -> None:
+    """A 400 naming `param` for the first id of `ids` (at `where`) outside [0, vocab_size)."""
+    bad = next((t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)), None)
+    if bad is not None:
+        raise bad_request(f"'{where}' holds token id {bad} outside the vocabulary", param=param)

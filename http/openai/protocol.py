@@ -17,7 +17,16 @@ from rillet.core.structured.json_style import FLEXIBLE
 from rillet.core.structured.spec import GrammarSpec
 from rillet.http.openai.chat_messages import parse_messages
 from rillet.http.openai.errors import bad_request, model_not_found, unsupported
-from rillet.http.openai.fields import Body, is_int, opt_bool, opt_dict, opt_int, opt_str, type_name
+from rillet.http.openai.fields import (
+    Body,
+    check_vocab,
+    is_int,
+    opt_bool,
+    opt_dict,
+    opt_int,
+    opt_str,
+    type_name,
+)
 from rillet.http.openai.response_format import parse_response_format
 from rillet.http.openai.sampling import fit_context, sampling_params
 from rillet.http.openai.tool_prompt import render_chat
@@ -267,7 +276,5 @@ def _completion_prompts(
     if not all(isinstance(p, list) and p and all(is_int(t) for t in p) for p in value):
         raise bad_request("'prompt' must be a string, an array of strings or of token ids", param="prompt")
     for ids in value:
-        bad = [t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
-        if bad:
-            raise bad_request(f"'prompt' holds token id {bad[0]} outside the vocabulary", param="prompt")
+        check_vocab(ids, vocab_size, "prompt", "prompt")
     return [list(p) for p in value], [None] * len(value)

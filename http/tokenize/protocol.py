@@ -18,7 +18,7 @@ from typing import Any
 
 from rillet.http.openai.chat_messages import parse_messages
 from rillet.http.openai.errors import bad_request
-from rillet.http.openai.fields import Body, is_int, opt_bool, type_name
+from rillet.http.openai.fields import Body, check_vocab, is_int, opt_bool, type_name
 from rillet.http.openai.protocol import Limits, check_model
 from rillet.http.openai.tool_prompt import render_chat_ids
 from rillet.http.openai.tools import parse_tools
@@ -51,10 +51,7 @@ def detokenize(body: Body, tokenizer: Any, limits: Limits) -> dict[str, Any]:
         raise bad_request("you must provide 'tokens'", param="tokens", code="missing_required_parameter")
     if not isinstance(ids, list) or not all(is_int(t) for t in ids):
         raise bad_request(f"'tokens' must be an array of token ids, got {type_name(ids)}", param="tokens")
-    vocab = limits.vocab_size
-    bad = [t for t in ids if t < 0 or (vocab is not None and t >= vocab)]
-    if bad:
-        raise bad_request(f"'tokens' holds token id {bad[0]} outside the vocabulary", param="tokens")
+    check_vocab(ids, limits.vocab_size, "tokens", "tokens")
     text = tokenizer.decode(ids, skip_special_tokens=False)  # as vLLM and llama.cpp: specials stay
     return {"prompt": text, "content": text}
 
