@@ -29,7 +29,7 @@ from rillet.http.openai.fields import (
 )
 from rillet.http.openai.response_format import parse_response_format
 from rillet.http.openai.sampling import fit_context, sampling_params
-from rillet.http.openai.tool_prompt import render_chat
+from rillet.http.openai.tool_prompt import render_chat_ids
 from rillet.http.openai.tools import ToolSetup, parse_tools
 
 Kind = Literal["chat", "completion"]
@@ -132,9 +132,7 @@ def chat_request(
     """
     if tools is not None and tools.mode != "auto":
         grammar = tools.grammar(limits.json_options, limits.max_tool_calls)
-    text = render_chat(tokenizer, messages, tools, prompt_field)
-    # The template already holds any BOS the model wants.
-    ids = tokenizer.encode(text, add_special_tokens=False)
+    ids = render_chat_ids(tokenizer, messages, tools, prompt_field)
     gen = _build("chat", body, [ids], prompt_field, max_tokens_field, logprobs, None, limits, grammar)
     check = (
         ToolSetup(tools.tools, "required", None, False).grammar(limits.json_options, 1)
@@ -153,8 +151,6 @@ def parse_completion(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
             raise unsupported(name, "is a chat completions parameter")
     logprobs = opt_int(body, "logprobs", 0, MAX_LOGPROBS)
     echo = bool(opt_bool(body, "echo"))
-    if echo and logprobs is not None and opt_bool(body, "stream"):
-        raise unsupported("echo", "together with 'logprobs' is supported without 'stream' only")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) > limits.max_prompts and not is_int(prompt[0]):
         raise bad_request(
@@ -168,6 +164,8 @@ def parse_completion(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
     grammar = parse_response_format(body)
     gen = _build("completion", body, prompts, "prompt", "max_tokens", logprobs, echo_texts, limits, grammar)
     if echo and logprobs is not None:  # the echoed prompt's tokens get theirs too (legacy completions)
+        if gen.stream:
+            raise unsupported("echo", "together with 'logprobs' is supported without 'stream' only")
         params = [dataclasses.replace(p, prompt_logprobs=logprobs) for p in gen.params]
         gen = dataclasses.replace(gen, params=params)
     return gen

@@ -1,5 +1,5 @@
 """How tools reach the prompt, and the tool-call text format the model is asked to write; and the
-whole chat (messages and tools) through the template (`render_chat`, `render_chat_ids`).
+whole chat (messages and tools) through the template into prompt ids (`render_chat_ids`).
 
 A chat template that renders tools itself (it mentions `tools`) gets them as the `tools` variable,
 and the messages of earlier tool turns as they are (HF's convention: an assistant message's
@@ -128,12 +128,13 @@ def render_chat_ids(
     prompt_field: str = "messages",
     add_generation_prompt: bool = True,
 ) -> list[int]:
-    """The prompt's token ids as chat_request builds them (for token counting and /tokenize)."""
-    text = render_chat(tokenizer, messages, tools, prompt_field, add_generation_prompt)
+    """A chat's prompt ids, for chat_request, token counting and /tokenize alike: the template's
+    text, encoded without special tokens (the template already holds any BOS the model wants)."""
+    text = _render_chat(tokenizer, messages, tools, prompt_field, add_generation_prompt)
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def render_chat(
+def _render_chat(
     tokenizer: Any,
     messages: list[dict[str, Any]],
     tools: ToolSetup | None,
