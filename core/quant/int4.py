@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from rillet.core.quant import candidate_head
+from rillet.core.quant import candidate_head, rows_kernel
 from rillet.core.quant.candidate_head import CandidateHead
 from torch import nn
 
@@ -50,25 +50,34 @@ def _groups(weight: torch.Tensor) -> torch.Tensor:  # [N, K] -> [N, K/G, G] floa
 
 
 class Int4Weight(nn.Module):
-    """Stands in for a [N, K] weight matrix; `lin(x, w, b)` dispatches on it."""
+    """Stands in for a [N, K] weight matrix; `lin(x, w, b)` dispatches on it. Its codes are laid
+    out for rillet's own kernel (rows_kernel.py) where that runs here and the shape fits, else for
+    torch's `_weight_int4pack_mm_for_cpu` (`aten`): the same weights and outputs either way."""
 
-    packed: torch.Tensor  # [N, K/2] uint8
-    scales_zeros: torch.Tensor  # [K/G, N, 2] bf16
+    packed: torch.Tensor  # aten: [N, K/2] uint8; rows: [N/32, K/32, 16, 32] uint8
+    scales_zeros: torch.Tensor  # aten: [K/G, N, 2] bf16; rows: [N/32, K/32, 2, 32] bf16
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, rows: bool | None = None) -> None:
         super().__init__()
         g = _groups(weight)
         lo, hi = g.amin(-1), g.amax(-1)  # [N, K/G]
         scale = ((hi - lo) / 15).clamp(min=1e-12)
         codes = ((g - lo[..., None]) / scale[..., None]).round_().clamp_(0, 15)
         self.out_features, self.in_features = weight.shape
-        packed, scales_zeros = _pack(codes, scale, lo + 8 * scale)
+        if rows is None:
+            rows = weight.device.type == "cpu" and rows_kernel.fits(*weight.shape) and rows_kernel.enabled()
+        self.rows = rows
+        pack = rows_kernel.pack if rows else _pack
+        packed, scales_zeros = pack(codes, scale, lo + 8 * scale)
         self.register_buffer("packed", packed)
         self.register_buffer("scales_zeros", scales_zeros)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] any float -> [..., N] bf16
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
+        if self.rows:
+            y = rows_kernel.mm(flat, self.packed, self.scales_zeros, self.out_features)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
         return y.view(*x.shape[:-1], self.out_features)
 
 
@@ -78,7 +87,7 @@ class Int4Experts(nn.Module):
 
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
-        experts = [Int4Weight(w) for w in weight]
+        experts = [Int4Weight(w, rows=False) for w in weight]  # the MoE dispatch op reads aten's layout
         self.num_experts, self.out_features, self.in_features = weight.shape
         self.register_buffer("packed", torch.stack([e.packed for e in experts]))
         self.register_buffer("scales_zeros", torch.stack([e.scales_zeros for e in experts]))

@@ -121,10 +121,19 @@ def build_library(
         if len(libs) != 1:
             raise RuntimeError(f"expected one shared library in {package}, found {libs}")
         target = out_dir / "step.so"
-        with zf.open(libs[0]) as src, target.open("wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
+        _extract(zf, libs[0], target)
+        # the extern nodes of custom ops (rillet::int4_rows_mm): AOTInductor's runner reads them
+        # from the .json beside the library, named like it, to call those ops through the dispatcher
+        extern = libs[0].removesuffix(".so") + ".json"
+        if extern in zf.namelist():
+            _extract(zf, extern, target.with_suffix(".json"))
     package.unlink()
     return target
+
+
+def _extract(zf: zipfile.ZipFile, name: str, target: Path) -> None:
+    with zf.open(name) as src, target.open("wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
 
 
 def build_package(

@@ -89,11 +89,11 @@ def _cpu_flags() -> list[str]:
 
 
 def source_digest(roots: list[Path]) -> str:
-    """A digest of the .py files under `roots` (names and bytes): any edit of the code a graph
-    traces makes another key. Reading them costs ~10 ms."""
+    """A digest of the .py and .cpp files under `roots` (names and bytes): any edit of the code a
+    graph traces or calls (a custom op's kernel) makes another key. Reading them costs ~10 ms."""
     digest = hashlib.sha256()
     for root in roots:
-        for path in sorted(root.rglob("*.py")):
+        for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".cpp")):
             digest.update(str(path.relative_to(root.parent)).encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:20]

@@ -1,7 +1,8 @@
 """Compiled steps on disk: one folder per key, a library and the manifest that vouches for it.
 
     <root>/<graph>-<key digest>/step.so         the step's AOTInductor library
-    <root>/<graph>-<key digest>/manifest.json   the key's fields, the library's size and sha256
+    <root>/<graph>-<key digest>/step.json       its custom ops' extern nodes, when it calls any
+    <root>/<graph>-<key digest>/manifest.json   the key's fields, the files' sizes and sha256
 
 A folder is written beside its place under a temporary name and renamed into it, so a reader sees
 a whole artifact or none. On load everything is checked before a byte of machine code is mapped:
@@ -27,6 +28,7 @@ from rillet.graphs.aot.key import ArtifactKey
 logger = logging.getLogger(__name__)
 
 LIBRARY = "step.so"
+EXTERN = "step.json"  # AOTInductor's runner looks for it beside the library, by the library's name
 MANIFEST = "manifest.json"
 
 
@@ -61,9 +63,13 @@ class ArtifactStore:
         tmp.mkdir()
         try:
             shutil.move(str(library), tmp / LIBRARY)
+            extern = library.with_suffix(".json")
+            if extern.exists():
+                shutil.move(str(extern), tmp / EXTERN)
             manifest = {
                 "key": key.fields(),
-                "library": {"bytes": (tmp / LIBRARY).stat().st_size, "sha256": file_sha256(tmp / LIBRARY)},
+                "library": _vouch(tmp / LIBRARY),
+                "extern": _vouch(tmp / EXTERN) if (tmp / EXTERN).exists() else None,
                 "build_s": round(seconds, 1),
                 "created": time.strftime("%Y-%m-%d %H:%M:%S %z"),
             }
@@ -95,27 +101,41 @@ class ArtifactStore:
                 shutil.rmtree(folder, ignore_errors=True)
 
 
+def _vouch(path: Path) -> dict[str, object]:
+    return {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+
+
 def _problem(folder: Path, key: ArtifactKey) -> str | None:
     """Why the artifact in `folder` cannot stand for `key`, or None when it can."""
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
-        stored_key, library = manifest["key"], manifest["library"]
-        size, digest = int(library["bytes"]), str(library["sha256"])
+        stored_key = manifest["key"]
+        files = {LIBRARY: manifest["library"]}
+        if manifest.get("extern") is not None:
+            files[EXTERN] = manifest["extern"]
+        sizes = {name: (int(f["bytes"]), str(f["sha256"])) for name, f in files.items()}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return f"no readable manifest: {type(exc).__name__}"
     differs = key.differs(stored_key) if isinstance(stored_key, dict) else ["key"]
     if differs:
         built = ", ".join(f"{k} {stored_key.get(k)!r}" for k in differs if isinstance(stored_key, dict))
         return f"built for another {'/'.join(differs)}: {built or stored_key!r}"
-    path = folder / LIBRARY
+    for name, (size, digest) in sizes.items():
+        problem = _file_problem(folder / name, size, digest)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _file_problem(path: Path, size: int, digest: str) -> str | None:
     try:
         actual = path.stat().st_size
     except OSError:
-        return "its library is missing"
+        return f"its {path.name} is missing"
     if actual != size:
-        return f"library is {actual} bytes, the manifest says {size}: truncated or replaced"
+        return f"{path.name} is {actual} bytes, the manifest says {size}: truncated or replaced"
     if file_sha256(path) != digest:
-        return "library bytes differ from the manifest's sha256: corrupted"
+        return f"{path.name} bytes differ from the manifest's sha256: corrupted"
     return None
 
 

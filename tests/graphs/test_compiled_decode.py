@@ -22,6 +22,8 @@ from rillet.core.attention.torch_backend import TorchAttentionBackend
 from rillet.core.config import CompileMode, GraphConfig
 from rillet.core.model.decoder import allocate_kv_cache, build_model
 from rillet.core.model.shapes import shape_arch
+from rillet.core.quant import rows_kernel
+from rillet.core.quant.int4 import Int4Weight
 from rillet.core.runner.graph_adapter import DecoderGraphAdapter
 from rillet.graphs.compile_modes import resolve_compile_mode
 from rillet.graphs.interface import DecodeBatch
@@ -124,15 +126,23 @@ def _int4_tiny(seed: int) -> tuple[DecoderGraphAdapter, GraphRunner]:
     return adapter, GraphRunner(adapter, settings, max_num_seqs=4, max_blocks_per_seq=4, device="cpu")
 
 
-def test_int4_weights_go_through_the_graph_frozen_and_autotuned() -> None:
-    """int4 weights on CPU compile in the tuned mode (auto): the weights frozen, each int4 matmul
-    autotuned between aten's kernel (an extern kernel in the graph) and Inductor's int4 GEMM
-    template (offered only for frozen weights), fullgraph, no break. Inductor's cache is keyed by
-    the weights (graphs/frozen.py): a second model of the same shapes with other weights compiles
-    an entry of its own and computes with its own weights (on AMX the template packs the weights
-    into the entry: sharing it computed with the first model's); the first model's weights again
-    (a restart) hit the first entry and give the first answer."""
+@pytest.mark.parametrize("kernel", ["aten", "rillet"])
+def test_int4_weights_go_through_the_graph_frozen_and_autotuned(
+    kernel: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """int4 weights on CPU compile in the tuned mode (auto): the weights frozen, fullgraph, no
+    break. In torch's layout each int4 matmul is autotuned between aten's kernel (an extern kernel
+    in the graph) and Inductor's int4 GEMM template (offered only for frozen weights); in rillet's
+    (core/quant/rows_kernel.py, where it runs) each is its custom op, an extern kernel too.
+    Inductor's cache is keyed by the weights (graphs/frozen.py): a second model of the same shapes
+    with other weights compiles an entry of its own and computes with its own weights (on AMX the
+    template packs the weights into the entry: sharing it computed with the first model's); the
+    first model's weights again (a restart) hit the first entry and give the first answer."""
     from torch._inductor.utils import fresh_cache
+
+    if kernel == "rillet" and not rows_kernel.preferred():
+        pytest.skip("rillet's int4 kernel is used where the CPU has AVX512-BF16 and no AMX")
+    monkeypatch.setenv(rows_kernel.DISABLE_ENV, "aten" if kernel == "aten" else "auto")
 
     assert resolve_compile_mode("auto", torch.device("cpu"), False)[0] == "default"
     assert resolve_compile_mode("auto", torch.device("cuda"), True)[0] == "default"
@@ -156,7 +166,9 @@ def test_int4_weights_go_through_the_graph_frozen_and_autotuned() -> None:
             assert gr.compiled.failed is None and gr.compiled.ready
             assert graphs() - before == 1
             assert (_count("fxgraph_cache_hit") > hits) is cached, seed
-            if not outputs and _avx512():  # qkv, o, gate_up, down: each with two choices (aten, template)
+            int4 = [m for m in adapter.model.modules() if isinstance(m, Int4Weight)]
+            assert int4 and all(m.rows is (kernel == "rillet") for m in int4)
+            if not outputs and _avx512() and kernel == "aten":  # qkv, o, gate_up, down: aten or template
                 assert _count("select_algorithm_autotune") - tuned >= 4
             with torch.inference_mode():
                 got = gr.run(batch).float()

@@ -1,0 +1,94 @@
+"""rillet's own int4 matmul for CPUs with AVX512-BF16 (kernels/int4_rows.cpp): `rillet::int4_rows_mm`.
+
+torch's `_weight_int4pack_mm_for_cpu` (and Inductor's AVX-512 weight-only int4 template) unpack
+every weight again for each block of 4 activation rows and are compute-bound past one row, so a
+speculative verify step of 5 query rows cost ~2 decode steps. This kernel unpacks each weight once
+per pass of up to 12 rows, with a 16-entry lookup to the exact bf16 value q - 8, and feeds every
+row's bf16 input pairs to vdpbf16ps against it, applying the group's scale and zero to the fp32
+sums (w = (q - 8) * s + z: sum w x = s * sum (q - 8) x + z * sum x). One [1536, 576] matrix, out
+of cache, one Zen 5 core (`python -m bench.kernels.int4_rows`, 2026-12-04): 32 / 50 / 76 / 95 /
+174 us at 1 / 4 / 5 / 8 / 16 rows through torch's kernel, 24 / 31 / 35 / 48 / 94 through this
+one; the outputs are the same to bf16 rounding (tests/core/quant/test_int4_rows.py).
+
+It is a torch custom op, so torch.compile and AOTInductor call it as an extern kernel inside the
+compiled step (no graph break). The C++ source is compiled on first use by torch's extension
+builder (g++ and ninja; cached under TORCH_EXTENSIONS_DIR, ~25 s once). Where the CPU lacks
+AVX512-BF16, the build fails, the CPU has AMX (`preferred`) or RILLET_INT4_KERNEL=aten is set,
+Int4Weight keeps torch's kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "kernels" / "int4_rows.cpp"
+TILE = 32  # output columns per tile pair of the packed layout
+GROUP = 32  # inputs per scale and zero
+DISABLE_ENV = "RILLET_INT4_KERNEL"  # "aten": keep torch's kernel (A/B benchmarks, a suspected bug)
+
+
+def enabled() -> bool:
+    """Whether new Int4Weights lay their codes out for this kernel: it is preferred here and the
+    environment does not ask for torch's (read at each call: tests and benchmarks switch it)."""
+    return os.environ.get(DISABLE_ENV, "auto") != "aten" and preferred()
+
+
+def preferred() -> bool:
+    """It runs here and the CPU has no AMX tiles. With AMX, Inductor's AMX int4 template takes
+    batches of 5 rows and more and aten's kernel smaller ones (graphs.small_batch), measured on a
+    Xeon; this kernel has not been measured against them there, so AMX CPUs keep them."""
+    return available() and not torch.cpu._is_amx_tile_supported()
+
+
+@functools.cache
+def available() -> bool:
+    """Whether rillet::int4_rows_mm is registered and may run here (built and loaded at first call)."""
+    if not torch.cpu._is_avx512_bf16_supported():
+        return False
+    try:
+        from torch.utils import cpp_extension
+
+        cpp_extension.load(
+            "rillet_int4_rows",
+            [str(SOURCE)],
+            extra_cflags=["-O3", "-fopenmp"],  # at::parallel_for is OpenMP pragmas in ATen's headers
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=False,
+        )
+    except (OSError, RuntimeError, ImportError) as exc:  # no compiler, no ninja, a failed build
+        log.warning("int4: rillet's kernel did not build (%s); using torch's", exc)
+        return False
+    torch.library.register_fake("rillet::int4_rows_mm")(_fake)
+    return True
+
+
+def _fake(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, n: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], n)
+
+
+def fits(n: int, k: int) -> bool:
+    return n % TILE == 0 and k % GROUP == 0
+
+
+def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """codes [N, K/G, G] in [0, 15], scale and zero [N, K/G] -> (packed [N/32, K/32, 16, 32] uint8,
+    sz [N/32, K/32, 2, 32] bf16): the layout kernels/int4_rows.cpp reads, for w = (q - 8) * s + z."""
+    n, g = scale.shape
+    # [N, K/G, G] -> [T, 32, G, P, 2] -> [T, G, P, 32, 2]: tile pair, group, input pair, column, nibble
+    c = codes.to(torch.uint8).view(n // TILE, TILE, g, GROUP // 2, 2).permute(0, 2, 3, 1, 4)
+    packed = (c[..., 0] | (c[..., 1] << 4)).contiguous()
+    per_tile = [v.to(torch.bfloat16).view(n // TILE, TILE, g).transpose(1, 2) for v in (scale, zero)]
+    return packed, torch.stack(per_tile, 2).contiguous()
+
+
+def mm(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, n: int) -> torch.Tensor:
+    """x [M, K] bf16 -> [M, N] bf16."""
+    return torch.ops.rillet.int4_rows_mm(x, packed, sz, n)  # type: ignore[no-any-return]
