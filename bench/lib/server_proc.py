@@ -25,10 +25,13 @@ class RilletServer:
         log_path: str | None = None,
         cpus: set[int] | None = None,
         python: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         """`cpus`: pin the server (every thread it starts) to these cores; `python`: the
-        interpreter whose rillet to serve (another checkout's venv, for a before/after)."""
+        interpreter whose rillet to serve (another checkout's venv, for a before/after); `env`:
+        variables set for the server on top of this process's."""
         self.cpus = cpus
+        self.env = env or {}
         self.python = python or sys.executable
         self.port = port or free_port()
         self.overrides = overrides
@@ -53,9 +56,9 @@ class RilletServer:
             if cpus:
                 os.sched_setaffinity(0, cpus)
 
-        self.proc = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, cwd="/", env=dict(os.environ), preexec_fn=pin
-        )
+        env = dict(os.environ) | self.env
+        out = subprocess.STDOUT
+        self.proc = subprocess.Popen(args, stdout=log, stderr=out, cwd="/", env=env, preexec_fn=pin)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

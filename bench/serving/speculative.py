@@ -6,7 +6,8 @@ greedy chat requests at batch 1 and 8 (C concurrent clients), streamed and not, 
       drafts taken from the prompt are often right; grounded-more: 8 more such prompts
       (`--prompt-sets` picks sets);
   (b) chat: open questions, where they rarely are (the target: no slower than without).
-Modes (--modes): off and ngram serve the default config (int4 weights on CPU); the draft model
+Modes (--modes): off and ngram serve the default config (int4 weights on CPU; off-torch-int4 and
+ngram-torch-int4 the same through torch's int4 kernel instead of rillet's); the draft model
 has nothing smaller to draft with here, so `draft` serves the default model in float32 with the
 same GGUF drafting for it in int4, compared with `off-fp32` (the float32 target alone).
 Reported per mode, set, batch and streaming: tok/s (completion tokens from `usage` / wall time),
@@ -47,9 +48,11 @@ from bench.lib.server_proc import RilletServer
 from bench.lib.spec_client import Batch, batch, spec_counters
 from bench.lib.spec_prompts import SETS
 
+TORCH_INT4 = {"RILLET_INT4_KERNEL": "aten"}  # int4 through torch's kernel (core/quant/rows_kernel.py)
 
-def modes(gguf: str) -> dict[str, tuple[list[str], str | None]]:
-    """name -> (server overrides, the baseline mode its speed is compared with)."""
+
+def modes(gguf: str) -> dict[str, tuple[list[str], str | None, dict[str, str]]]:
+    """name -> (server overrides, the baseline mode its speed is compared with, server env)."""
     fp32 = ["model.quantization=none", "model.dtype=float32"]
     draft = [
         "speculative.method=draft",
@@ -57,10 +60,13 @@ def modes(gguf: str) -> dict[str, tuple[list[str], str | None]]:
         "speculative.draft_quantization=int4",
     ]
     return {
-        "off": ([], None),
-        "ngram": (["speculative.method=ngram"], "off"),
-        "off-fp32": (fp32, None),
-        "draft": (fp32 + draft, "off-fp32"),
+        "off": ([], None, {}),
+        "ngram": (["speculative.method=ngram"], "off", {}),
+        "off-fp32": (fp32, None, {}),
+        "draft": (fp32 + draft, "off-fp32", {}),
+        # the same two with torch's int4 kernel instead of rillet's: before 2026-12-04
+        "off-torch-int4": ([], "off", TORCH_INT4),
+        "ngram-torch-int4": (["speculative.method=ngram"], "off-torch-int4", TORCH_INT4),
     }
 
 
@@ -144,10 +150,10 @@ def main() -> None:
     for _ in range(args.rounds):
         got: list[Row] = []
         for name in args.modes:
-            overrides, _ = table_of[name]
+            overrides, _, env = table_of[name]
             print(f"starting rillet serve ({name}) ...", file=sys.stderr)
             log_path = f"bench/out/speculative-{name}.log"
-            with RilletServer(args.sets + overrides, log_path=log_path, cpus=server_cpus) as srv:
+            with RilletServer(args.sets + overrides, log_path=log_path, cpus=server_cpus, env=env) as srv:
                 got += measure_mode(name, srv.base_url, args)
                 peak = srv.peak_rss_mib()
                 rss[name] = max(peak, rss.get(name) or 0.0) if peak is not None else rss.get(name)
