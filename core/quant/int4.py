@@ -66,6 +66,8 @@ class Int4Weight(nn.Module):
         self.out_features, self.in_features = weight.shape
         if rows is None:
             rows = weight.device.type == "cpu" and rows_kernel.fits(*weight.shape) and rows_kernel.enabled()
+        elif rows and not (rows_kernel.fits(*weight.shape) and rows_kernel.available()):
+            raise ValueError(f"int4: rillet's kernel cannot take a {tuple(weight.shape)} weight here")
         self.rows = rows
         pack = rows_kernel.pack if rows else _pack
         packed, scales_zeros = pack(codes, scale, lo + 8 * scale)

@@ -19,7 +19,7 @@ from rillet.graphs.aot.step import load_library
 from rillet.graphs.aot.store import EXTERN, ArtifactStore
 from torch import nn
 
-pytestmark = pytest.mark.skipif(
+needs_kernel = pytest.mark.skipif(
     not (int4_supported() and rows_kernel.available()), reason="needs AVX512-BF16 and a C++ compiler"
 )
 
@@ -41,6 +41,7 @@ def _dequantized(w: torch.Tensor) -> torch.Tensor:  # what Int4Weight's codes st
     return ((q - 8) * s + z).reshape(w.shape)
 
 
+@needs_kernel
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 def test_same_products_as_torchs_kernel_at_every_row_count(n: int, k: int) -> None:
     rows, aten, w = _pair(n, k)
@@ -56,6 +57,7 @@ def test_same_products_as_torchs_kernel_at_every_row_count(n: int, k: int) -> No
         torch.testing.assert_close(got.float(), exact, atol=scale * 2**-7, rtol=0)
 
 
+@needs_kernel
 def test_a_row_gets_the_same_bits_alone_and_in_a_batch() -> None:
     """Each row's sums run in the same order whatever the batch (batch invariance: greedy
     speculative decoding and deterministic mode compare a row's logits across batch sizes)."""
@@ -66,6 +68,7 @@ def test_a_row_gets_the_same_bits_alone_and_in_a_batch() -> None:
         assert torch.equal(rows(x[i : i + 1]), batch[i : i + 1])
 
 
+@needs_kernel
 def test_shapes_the_kernel_does_not_tile_keep_torchs_layout() -> None:
     w = Int4Weight(torch.randn(48, 64))  # 48 columns: not a whole tile pair of 32
     assert not w.rows
@@ -82,6 +85,7 @@ class _Mlp(nn.Module):
         return self.down(torch.relu(self.up(x)).float()).float()
 
 
+@needs_kernel
 @pytest.mark.compiled
 def test_compiled_without_a_graph_break_equals_eager() -> None:
     m = _Mlp()
@@ -91,6 +95,7 @@ def test_compiled_without_a_graph_break_equals_eager() -> None:
     torch.testing.assert_close(compiled(x[:2]), m(x[:2]), atol=0, rtol=0)
 
 
+@needs_kernel
 @pytest.mark.compiled
 @pytest.mark.artifacts
 def test_a_saved_step_calls_the_kernel_through_its_extern_nodes(tmp_path: Path) -> None:
@@ -122,3 +127,19 @@ def test_a_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_kept(tmp_path:
     rows_kernel._drop_stale_lock(tmp_path)
     assert not lock.exists()
     rows_kernel._drop_stale_lock(tmp_path)  # no lock: nothing to do
+
+
+def test_a_failed_build_leaves_torchs_kernel(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No compiler, no ninja, a compile error: a warning, and Int4Weight keeps torch's layout."""
+    from torch.utils import cpp_extension
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("Error building extension 'rillet_int4_rows'")
+
+    monkeypatch.setattr(cpp_extension, "load", fail)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    with caplog.at_level("WARNING", logger="rillet.core.quant.rows_kernel"):
+        assert rows_kernel.available.__wrapped__() is False
+    assert [r.levelname for r in caplog.records if r.name == "rillet.core.quant.rows_kernel"] == ["WARNING"]
