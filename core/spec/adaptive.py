@@ -49,7 +49,7 @@ class AdaptiveK:
             return 0
         return self.k
 
-    def keep(self, draft: Draft) -> int:
+    def keep(self, draft: Draft, batch: int = 1) -> int:
         return len(draft.tokens)  # the drafter already drafted only k
 
     def observe(self, drafted: int, accepted: int) -> None:

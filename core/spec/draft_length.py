@@ -23,6 +23,13 @@ accepted one. Per request the speculator asks its policy for the most tokens it 
     length whose drafts are refused stops drafting. A match length that
     no longer drafts forgets SKIP_DECAY of its counts each time it matches, so a request tries
     it again after a while (its text may have turned into a quote).
+
+    With B sequences running the bar is B x `row_cost`: the step already yields B tokens, so a
+    drafted row must earn what a row of each of them does. Measured on the Zen 5 EPYC with
+    rillet's int4 kernel (bench/RESULTS.md, 2026-12-04, engine-level, 2 threads), n-gram drafts
+    against none at batch 2: open chat 0.91 with the flat bar of 0.2, grounded prompts 1.37; the
+    batch-2 bars of 0.4-0.5 kept grounded's gain and open chat at 0.97-1.03 on the same CPU the
+    day before.
 """
 
 from __future__ import annotations
@@ -60,8 +67,8 @@ class DraftLength(Protocol):
         """The most tokens to draft this step (0: not speculating this step)."""
         ...
 
-    def keep(self, draft: Draft) -> int:
-        """How many of the proposal's tokens to draft."""
+    def keep(self, draft: Draft, batch: int = 1) -> int:
+        """How many of the proposal's tokens to draft, `batch` sequences running this step."""
         ...
 
     def observe(self, drafted: int, accepted: int) -> None:
@@ -81,11 +88,12 @@ class ByMatch:
     def next_k(self) -> int:
         return self.k_max
 
-    def keep(self, draft: Draft) -> int:
+    def keep(self, draft: Draft, batch: int = 1) -> int:
         accepted, refused = self.stats.get(draft.match, (0.0, 0.0))
         q = (accepted + PRIOR_WEIGHT * prior_q(draft.match)) / (accepted + refused + PRIOR_WEIGHT)
+        cost = self.row_cost * batch  # a drafted row must earn what a row of each running sequence does
         k, reach = 0, q
-        while k < len(draft.tokens) and reach >= self.row_cost:
+        while k < len(draft.tokens) and reach >= cost:
             k += 1
             reach *= q
         if k == 0 and draft.tokens:

@@ -75,7 +75,7 @@ class Speculator:
         drafts = self.drafter.propose(seqs, ks)
         any_draft = False
         for seq, k, proposal in zip(seqs, ks, drafts, strict=True):
-            keep = self._lengths[seq.seq_id].keep(proposal._replace(tokens=proposal.tokens[:k]))
+            keep = self._lengths[seq.seq_id].keep(proposal._replace(tokens=proposal.tokens[:k]), len(running))
             draft = self._cut(seq, proposal.tokens[:keep])
             if draft:
                 seq.draft_ids = draft

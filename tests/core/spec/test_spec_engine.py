@@ -61,7 +61,9 @@ class AdaptiveNgram(NgramDrafter):
 
 
 def speculator(rt: Runtime, adaptive: bool = False, **over: Any) -> Speculator:
-    cfg = config_from_dict({"speculative": {"method": "ngram", "max_batch": 8, **over}}).speculative
+    # row_cost 0: every sequence of a batch of 8 drafts what it proposes (the bar is B x row_cost)
+    spec = {"method": "ngram", "max_batch": 8, "row_cost": 0.0, **over}
+    cfg = config_from_dict({"speculative": spec}).speculative
     drafter = (AdaptiveNgram if adaptive else NgramDrafter)(cfg.ngram_min, cfg.ngram_max)
     return Speculator(cfg, drafter, rt.max_model_len, (EOS,))
 
@@ -215,7 +217,7 @@ def test_tiny_models_match_transformers_with_speculation(
         with torch.inference_mode():
             g = hf.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False, min_new_tokens=n)
         want.append(g[0, len(p) :].tolist())
-    spec = {"method": "ngram", "max_batch": 8, "num_tokens": 5}
+    spec = {"method": "ngram", "max_batch": 8, "num_tokens": 5, "row_cost": 0.0}
     for sections in (
         {},
         {"cache": {"num_blocks": 12, "block_size": 8}},
@@ -253,7 +255,7 @@ def test_default_model_gives_the_same_tokens_with_speculation() -> None:
             return [(o.outputs[0].token_ids, o.outputs[0].text) for o in outs], core.spec
 
     plain, _ = run({})
-    fast, spec = run({"method": "ngram", "max_batch": 8})
+    fast, spec = run({"method": "ngram", "max_batch": 8, "row_cost": 0.0})
     assert fast == plain
     assert spec is not None and spec.stats.accepted >= 8
 
@@ -302,7 +304,7 @@ def test_structured_outputs_give_the_same_json_with_speculation() -> None:
             return [o.outputs[0].text for o in outs], llm.engine.core.spec
 
     plain, _ = run({})
-    fast, spec = run({"method": "ngram", "max_batch": 8, "ngram_min": 1})
+    fast, spec = run({"method": "ngram", "max_batch": 8, "ngram_min": 1, "row_cost": 0.0})
     assert fast == plain
     for text in fast:
         assert len(json.loads(text)) == 4  # random weights, yet valid: the grammar decides

@@ -88,6 +88,8 @@ def test_by_match_drafts_what_pays_per_matched_suffix_length() -> None:
     # a 1-token match short (0.4^2 >= 0.1 > 0.4^3)
     assert [b.keep(Draft(eight, n)) for n in (4, 3, 2, 1)] == [8, 8, 6, 2]
     assert [prior_q(n) for n in (1, 2, 4)] == pytest.approx([0.4, 0.7, 0.85])
+    # B sequences running: the bar is B x row_cost (0.4^2 < 0.2; 0.85^5 >= 0.4 > 0.85^6)
+    assert [ByMatch(8, 0.1).keep(Draft(eight, n), batch) for n, batch in ((1, 2), (4, 4))] == [1, 5]
     for _ in range(6):
         b.keep(Draft(eight, 4))
         b.observe(3, 3)  # 4-token matches are always right: q rises, 8 stay kept
