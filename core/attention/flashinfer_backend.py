@@ -92,7 +92,8 @@ class FlashInferAttentionBackend(AttentionBackend):
             self._workspace, "NHD", use_tensor_cores=self.tensor_cores
         )
         self._graph_decode = self._graph_wrappers(flashinfer, graph_batch_sizes, max_blocks_per_seq)
-        self._graph_verify: dict[int, Any] = {}  # rows -> prefill wrapper of verify steps (begin_verify)
+        # (rows, Q) -> prefill wrapper of verify steps (begin_verify)
+        self._graph_verify: dict[tuple[int, int], Any] = {}
         self._active: Any = None  # the wrapper planned for this step
         self._planned: torch.cuda.Event | None = None  # recorded after the last plan()'s copies
         self._op = register_attention_op(self)
@@ -181,8 +182,9 @@ class FlashInferAttentionBackend(AttentionBackend):
         n rows of Q queries, causal). Row r's KV length is planned as seq_len - query_len + Q, so
         that with flashinfer's bottom-right aligned causal mask its real queries see exactly their
         context, and its padding queries (outputs unused, K/V written to the dummy slot) see stale
-        slots past it. A row count seen before gets a CUDA-graph prefill wrapper of its own (fixed
-        buffers, planned here before each replay); written for the GPU, not run on one yet."""
+        slots past it. Each (rows, Q) gets a CUDA-graph prefill wrapper of its own (fixed buffers,
+        planned here before each replay): flashinfer latches a graph-mode wrapper's query-row count
+        at its first plan() and refuses more later. Run on an H200 (bench/gpu/GPU.md, (e)-(g))."""
         if self._planned is not None:
             self._planned.synchronize()
         n, nq = batch.input_ids.shape
@@ -194,7 +196,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         kv_indptr, last_page_len, pages = paged_kv_host(lens, block_size)
         indices = page_indices(batch.block_tables, kv_indptr, pages)
         qo = torch.arange(0, (n + 1) * nq, nq, dtype=torch.int32)
-        wrapper = self._verify_wrapper(n, width)
+        wrapper = self._verify_wrapper(n, nq, width)
         heads = (self.num_heads, self.num_kv_heads, self.head_dim, block_size)
         wrapper.plan(
             qo,
@@ -212,10 +214,11 @@ class FlashInferAttentionBackend(AttentionBackend):
             self._planned = torch.cuda.Event()
             self._planned.record()
 
-    def _verify_wrapper(self, rows: int, width: int) -> Any:
-        """The CUDA-graph prefill wrapper for verify steps of `rows` rows (made on first use)."""
+    def _verify_wrapper(self, rows: int, queries: int, width: int) -> Any:
+        """The CUDA-graph prefill wrapper for verify steps of `rows` rows of `queries` queries
+        (made on first use)."""
         wrappers = self._graph_verify
-        wrapper = wrappers.get(rows)
+        wrapper = wrappers.get((rows, queries))
         if wrapper is None:
             import flashinfer
 
@@ -229,7 +232,7 @@ class FlashInferAttentionBackend(AttentionBackend):
                 paged_kv_last_page_len_buf=torch.ones(rows, dtype=torch.int32, device=self.device),
                 backend=self.prefill_backend,
             )
-            wrappers[rows] = wrapper
+            wrappers[rows, queries] = wrapper
         return wrapper
 
     def attend(

@@ -101,9 +101,26 @@ FLASHINFER_PREFILL_BACKENDS = ("auto", "fa2", "fa3", "cudnn", "trtllm-gen", "cut
 
 
 class FakePrefillWrapper:
-    def __init__(self, workspace: torch.Tensor, layout: str, *, backend: str = "auto") -> None:
+    def __init__(
+        self,
+        workspace: torch.Tensor,
+        layout: str,
+        use_cuda_graph: bool = False,
+        qo_indptr_buf: torch.Tensor | None = None,
+        paged_kv_indptr_buf: torch.Tensor | None = None,
+        paged_kv_indices_buf: torch.Tensor | None = None,
+        paged_kv_last_page_len_buf: torch.Tensor | None = None,
+        *,
+        backend: str = "auto",
+    ) -> None:
         assert layout == "NHD" and backend in FLASHINFER_PREFILL_BACKENDS
-        self.backend = backend
+        if use_cuda_graph:  # the same checks as flashinfer's constructor
+            assert qo_indptr_buf is not None and paged_kv_indptr_buf is not None
+            assert paged_kv_indices_buf is not None and paged_kv_last_page_len_buf is not None
+            assert len(qo_indptr_buf) == len(paged_kv_indptr_buf) == len(paged_kv_last_page_len_buf) + 1
+        self.use_cuda_graph, self.backend = use_cuda_graph, backend
+        self.batch = len(paged_kv_last_page_len_buf) if paged_kv_last_page_len_buf is not None else 0
+        self.max_rows: int | None = None  # flashinfer latches it at the first plan in graph mode
         self.num_plans = 0
 
     def plan(
@@ -124,6 +141,15 @@ class FakePrefillWrapper:
     ) -> None:
         _check_plan(indptr, indices, last_page_len, page_size)
         assert qo_indptr.device.type == "cpu" and qo_indptr.dtype == torch.int32
+        if self.use_cuda_graph:  # flashinfer 0.7.4 prefill.py: the batch is fixed, the row count
+            assert len(last_page_len) == self.batch, "batch size is fixed in cudagraph mode"
+            rows = int(qo_indptr[-1])
+            self.max_rows = rows if self.max_rows is None else self.max_rows
+            if rows > self.max_rows:  # flashinfer's own message
+                raise ValueError(
+                    f"The total number of rows in qo_indptr {rows} in cuda graph mode cannot exceed "
+                    f"the number of rows set during initialization {self.max_rows}."
+                )
         self.args = (qo_indptr, indptr, indices, last_page_len, page_size, causal, sm_scale)
         self.num_plans += 1
 
