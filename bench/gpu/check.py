@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +36,16 @@ from bench.gpu.plan import NEED_S, make_plan, row
 from bench.gpu.results import Results, run_part, setup_seconds, start_watchdog
 from bench.lib.common import OUT
 
-PART_KEYS = ("bw", "build", "b", "c", "d", "greedy7b", "spec", "logits", "greedy")  # --only takes these
+# --only takes these
+PART_KEYS = ("bw", "build", "b", "c", "d", "greedy7b", "spec", "logits", "greedy", "specengine")
 
 
 def run_all(res: Results, only: set[str]) -> None:
-    """PARTS (bench/gpu/plan.py) in order: bw, build 7B, (b), (c), (d), greedy 7B; then the logits comparisons
-    and the default shape's greedy check, each skipped when the budget has no room left for it."""
+    """PARTS (bench/gpu/plan.py) in order: bw, build 7B, (b), (c), (d), greedy 7B, (e) verify cost;
+    then speculative decoding's engines ((g) 7B speed, (f) tokens), the logits comparisons and the
+    default shape's greedy check, each skipped when the budget has no room left for it."""
     import bench.gpu.parts as g
+    import bench.gpu.speculative as s
     from bench.gpu.plan import free_memory
 
     p = res.plan
@@ -72,11 +76,13 @@ def run_all(res: Results, only: set[str]) -> None:
             part("c", "(c) batch-64 decode", lambda: g.part_c(p, big, tb_s))
             part("d", "(d) stream vs non-stream", lambda: g.part_d(p, big, "bench.gpu.check"))
             part("greedy7b", "(a) greedy 7B", lambda: g.part_greedy(p, "7B", big, mode))
-            part("spec", "(e) verify step", lambda: g.part_spec(p, big))
+            plain = part("spec", "(e) verify step", lambda: s.part_spec(p, big))
         finally:
             big.close()
             del big, built
             free_memory(p)
+        part("spec", "(g) spec speed 7B", lambda: s.part_spec_speed(p, plain))
+    part("specengine", "(f) spec engine", lambda: s.part_spec_engine(p))
     part("logits", "(a) logits 7B", lambda: g.part_logits(p, "7B", p.big_arch))
     part("logits", "(a) logits default", lambda: g.part_logits(p, "default", p.small_arch))
     part("greedy", "(a) greedy default", lambda: g.part_greedy(p, "default", None, mode))
@@ -105,24 +111,63 @@ async def stream_ratios(
                 r = await run_level(url, model, c, c, max_tokens, stream)
                 t = tot[stream]
                 t[0], t[1], t[2] = t[0] + r.tokens, t[1] + r.wall_s, t[2] + r.errors
-        ns, s = tot[False][0] / tot[False][1], tot[True][0] / tot[True][1]
-        out.append(
-            {
-                "concurrency": c,
-                "runs": runs,
-                "max_tokens": max_tokens,
-                "nonstream_tok_s": ns,
-                "stream_tok_s": s,
-                "ratio": s / ns if ns else None,
-                "tokens": {
-                    "nonstream": tot[False][0],
-                    "stream": tot[True][0],
-                    "expected_each": runs * c * max_tokens,
-                },
-                "errors": tot[False][2] + tot[True][2],
-            }
-        )
+        out.append(_level(c, runs, max_tokens, tot))
     return out
+
+
+def api_ratios(
+    url: str, model: str, api: str, concurrency: list[int], runs: int, max_tokens: int
+) -> list[dict[str, Any]]:
+    """As stream_ratios, on /v1/responses or /v1/messages (issue 34): C threads, each with its own
+    kept-alive bench/lib/raw_client.py connection, send one request per batch; tok/s from `usage`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bench.lib.raw_client import RawClient
+
+    out = []
+    for c in concurrency:
+        clients = [RawClient(url, api) for _ in range(c)]
+        with ThreadPoolExecutor(c) as pool:
+            for stream in (False, True):  # warm-up: connections open, first-request costs stay out
+                _api_batch(pool, clients, model, stream, 8)
+            tot = {False: [0, 0.0, 0], True: [0, 0.0, 0]}  # tokens, seconds, errors
+            for i in range(runs):
+                for stream in (False, True) if i % 2 == 0 else (True, False):
+                    r = _api_batch(pool, clients, model, stream, max_tokens)
+                    t = tot[stream]
+                    t[0], t[1], t[2] = t[0] + r[0], t[1] + r[1], t[2] + r[2]
+        out.append({"api": api, **_level(c, runs, max_tokens, tot)})
+    return out
+
+
+def _api_batch(pool: Any, clients: list[Any], model: str, stream: bool, n: int) -> tuple[int, float, int]:
+    """One request per client at once: (tokens, wall seconds, errors)."""
+    t0 = time.perf_counter()
+    futs = [
+        pool.submit(cl.request, model, f"Write a long story (#{i}).", stream, n)
+        for i, cl in enumerate(clients)
+    ]
+    got = [f.result()[0] if f.exception() is None else None for f in futs]
+    wall = time.perf_counter() - t0
+    return sum(g for g in got if g is not None), wall, sum(g is None for g in got)
+
+
+def _level(c: int, runs: int, max_tokens: int, tot: dict[bool, list[Any]]) -> dict[str, Any]:
+    ns, s = tot[False][0] / tot[False][1], tot[True][0] / tot[True][1]
+    return {
+        "concurrency": c,
+        "runs": runs,
+        "max_tokens": max_tokens,
+        "nonstream_tok_s": ns,
+        "stream_tok_s": s,
+        "ratio": s / ns if ns else None,
+        "tokens": {
+            "nonstream": tot[False][0],
+            "stream": tot[True][0],
+            "expected_each": runs * c * max_tokens,
+        },
+        "errors": tot[False][2] + tot[True][2],
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -151,15 +196,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 64], help=argparse.SUPPRESS)
     ap.add_argument("--runs", type=int, default=3, help=argparse.SUPPRESS)
     ap.add_argument("--max-tokens", type=int, default=128, help=argparse.SUPPRESS)
+    ap.add_argument("--api", default="chat", help=argparse.SUPPRESS)  # chat | responses | messages
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.client:
-        rows = asyncio.run(
-            stream_ratios(args.client, args.model, args.concurrency, args.runs, args.max_tokens)
-        )
+        if args.api == "chat":
+            rows = asyncio.run(
+                stream_ratios(args.client, args.model, args.concurrency, args.runs, args.max_tokens)
+            )
+        else:
+            rows = api_ratios(args.client, args.model, args.api, args.concurrency, args.runs, args.max_tokens)
         print(json.dumps(rows))
         return 0
     if args.stage_tokenizer:

@@ -106,10 +106,12 @@ def part_logits(p: Plan, label: str, arch: ModelArch) -> Part:
     return Part(r, rows)
 
 
-def _open(p: Plan, role: str, graphs: bool, compile_mode: str = "default") -> LLM:
+def open_engine(
+    p: Plan, role: str, graphs: bool, compile_mode: str = "default", extra: Sequence[str] = ()
+) -> LLM:
     shape, buckets = (p.big_shape, p.big_buckets) if role == "7B" else (p.small_shape, p.small_buckets)
     blocks = p.big_blocks if role == "7B" and graphs else p.small_blocks
-    return LLM(overrides=overrides(p, shape, graphs, buckets, blocks, compile_mode))
+    return LLM(overrides=[*overrides(p, shape, graphs, buckets, blocks, compile_mode), *extra])
 
 
 # (compile_mode, graphs): when compiling fails, capture the plain forward; when capturing fails,
@@ -124,7 +126,7 @@ def part_build(p: Plan, time_left: Callable[[], float]) -> Part:
             break
         t0 = time.perf_counter()
         try:
-            llm = _open(p, "7B", graphs, mode)
+            llm = open_engine(p, "7B", graphs, mode)
         except Exception as exc:
             errors.append(f"compile_mode={mode} graphs={graphs}: {type(exc).__name__}: {exc}")
             free_memory(p)
@@ -146,8 +148,8 @@ def part_greedy(p: Plan, role: str, graph_llm: LLM | None, compile_mode: str) ->
     eager = None
     try:
         if graph_llm is None:
-            graph_llm = _open(p, role, True, compile_mode)
-        eager = _open(p, role, graphs=False)
+            graph_llm = open_engine(p, role, True, compile_mode)
+        eager = open_engine(p, role, graphs=False)
         arch = p.big_arch if role == "7B" else p.small_arch
         gen = torch.Generator().manual_seed(5)
         prompts = [random_ids(n, arch.vocab_size, gen) for n in p.greedy_lens]
@@ -170,27 +172,6 @@ def part_greedy(p: Plan, role: str, graph_llm: LLM | None, compile_mode: str) ->
         {**r, "graphs": after, "replays": replays},
         [row(f"(a) greedy {role}", measured, "equal", "eager", verdict(ok), note)],
     )
-
-
-def part_spec(p: Plan, llm: Any) -> Part:
-    """Speculative decoding, the cost side (bench/gpu/speculative.py): a verify step's forward with
-    k draft tokens a row against a decode step's, batch 1 and 16. INFO: the price of a step that
-    may yield up to 1 + k tokens (the default model's acceptance decides whether it pays)."""
-    from bench.gpu.speculative import verify_cost
-
-    data = verify_cost(llm, p.b_context, p.iters)
-    rows = [
-        row(
-            f"(e) b={s['rows']} k={s['k']}",
-            f"{s['verify_ms']:.2f} ms",
-            "",
-            f"decode {s['decode_ms']:.2f} ms",
-            "INFO",
-            f"x{s['ratio']:.2f} of a decode step",
-        )
-        for s in data["steps"]
-    ]
-    return Part(data, rows)
 
 
 def part_b(p: Plan, llm: Any, tb_s: float | None) -> Part:
@@ -241,26 +222,13 @@ def part_d(p: Plan, llm: Any, module: str) -> Part:
     from rillet.http.background import BackgroundServer
 
     server = BackgroundServer(llm.engine.cfg).start(llm.engine)
+    levels: list[dict[str, Any]] = []
     try:
-        cmd = [
-            sys.executable,
-            "-m",
-            module,
-            "--client",
-            server.base_url,
-            "--model",
-            llm.engine.model_name,
-            "--runs",
-            str(p.d_runs),
-        ]
-        cmd += ["--max-tokens", str(p.d_max_tokens), "--concurrency", *map(str, p.d_concurrency)]
-        timeout = max(30.0, p.budget_s / 3)
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        levels += _client(p, module, server.base_url, llm.engine.model_name, "chat", p.d_concurrency)
+        for api in p.d_apis:
+            levels += _client(p, module, server.base_url, llm.engine.model_name, api, p.d_api_concurrency)
     finally:
         server.stop()
-    if proc.returncode != 0:
-        raise RuntimeError(f"client exited {proc.returncode}: {proc.stderr[-1500:]}")
-    levels = json.loads(proc.stdout.strip().splitlines()[-1])
     rows = []
     for lv in levels:
         tok = lv["tokens"]
@@ -269,9 +237,10 @@ def part_d(p: Plan, llm: Any, module: str) -> Part:
         note = f"{lv['stream_tok_s']:.0f} vs {lv['nonstream_tok_s']:.0f} tok/s; {lv['max_tokens']} tok/req"
         if not complete:
             note += f"; tokens {tok}, errors {lv['errors']}"
+        api = lv.get("api", "chat")
         rows.append(
             row(
-                f"(d) c={lv['concurrency']} ratio",
+                f"(d) {'' if api == 'chat' else api + ' '}c={lv['concurrency']} ratio",
                 f"{lv['ratio'] or 0:.3f}",
                 f">= {D_TARGET_RATIO}",
                 "",
@@ -280,3 +249,17 @@ def part_d(p: Plan, llm: Any, module: str) -> Part:
             )
         )
     return Part({"levels": levels, "model": llm.engine.model_name}, rows)
+
+
+def _client(
+    p: Plan, module: str, url: str, model: str, api: str, levels: Sequence[int]
+) -> list[dict[str, Any]]:
+    """bench/gpu/check.py's HTTP client as a subprocess (it never shares the server's GIL)."""
+    cmd = [sys.executable, "-m", module, "--client", url, "--model", model, "--runs", str(p.d_runs)]
+    cmd += ["--max-tokens", str(p.d_max_tokens), "--api", api, "--concurrency", *map(str, levels)]
+    timeout = max(30.0, p.budget_s / 4)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{api} client exited {proc.returncode}: {proc.stderr[-1500:]}")
+    result: list[dict[str, Any]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result

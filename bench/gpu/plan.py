@@ -42,12 +42,14 @@ GRACE_S = 15.0  # the watchdog fires this long past the budget (a part that over
 #   (name, --only key, need_s)
 PARTS: tuple[tuple[str, str, float], ...] = (
     ("copy bandwidth", "bw", 15),  # with flashinfer's import (~7 s)
-    ("build 7B engine", "build", 150),  # two Inductor compiles and the CUDA-graph captures
+    ("build 7B engine", "build", 120),  # two Inductor compiles and the captures: 44-65 s on 12-04
     ("(b) batch-1 decode", "b", 25),
     ("(c) batch-64 decode", "c", 40),
-    ("(d) stream vs non-stream", "d", 60),
+    ("(d) stream vs non-stream", "d", 75),  # chat at c = 1, 64; responses, messages at 1, 8: 52 s
     ("(a) greedy 7B", "greedy7b", 40),  # builds an eager 7B engine beside the graphed one
     ("(e) verify step", "spec", 45),  # speculative decoding: verify vs decode forward, k = 1..8
+    ("(g) spec speed 7B", "spec", 120),  # a 7B engine with n-gram drafts: verify graphs compiled
+    ("(f) spec engine", "specengine", 90),  # the default shape with n-gram drafts vs eager, tokens
     ("(a) logits 7B", "logits", 40),
     ("(a) logits default", "logits", 20),
     ("(a) greedy default", "greedy", 90),  # compiles the default shape's buckets
@@ -116,6 +118,8 @@ class Plan:
     grace_s: float
     scale: float  # multiplies every part's expected seconds (0 on the CPU: nothing is skipped)
     judged: bool = field(default=True)
+    d_apis: tuple[str, ...] = ("responses", "messages")  # issue 34's endpoints, after chat
+    d_api_concurrency: tuple[int, ...] = (1, 8)
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self), default=str))

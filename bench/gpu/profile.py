@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from rillet.graphs.buckets import select_bucket
 
-from bench.gpu.parts import _open
+from bench.gpu.parts import open_engine
 from bench.gpu.plan import free_memory, make_plan
 from bench.gpu.timing import decode_batch, elapsed_ms, sync
 from bench.lib.common import OUT
@@ -114,7 +114,7 @@ def set_variant(name: str) -> None:
 def run_variant(p: Any, name: str, cpu: bool) -> dict[str, Any]:
     set_variant(name)
     t0 = time.perf_counter()
-    llm = _open(p, "7B", graphs=True)
+    llm = open_engine(p, "7B", graphs=True)
     res: dict[str, Any] = {"variant": name, "build_s": time.perf_counter() - t0}
     try:
         for rows, ctx in ((1, p.b_context), (p.c_rows, p.c_context)):

@@ -125,11 +125,13 @@ def step_timing(llm: LLM, rows: int, context: int, iters: int, warmup: int) -> d
     }
 
 
-def engine_decode_rate(llm: LLM, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
+def engine_decode_rate(
+    llm: LLM, prompts: list[list[int]], new_tokens: int, logit_bias: tuple[tuple[int, float], ...] = ()
+) -> dict[str, Any]:
     """End-to-end decode through the threaded engine: time(1 + N tokens) - time(1 token), both with
     the prompts already in the prefix cache, over N tokens per sequence."""
-    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    more = SamplingParams(temperature=0.0, max_tokens=1 + new_tokens, ignore_eos=True)
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, logit_bias=logit_bias)
+    more = SamplingParams(temperature=0.0, max_tokens=1 + new_tokens, ignore_eos=True, logit_bias=logit_bias)
     llm.generate(prompts, one)  # prefill once: later runs hit the prefix cache
     t0 = time.perf_counter()
     llm.generate(prompts, one)

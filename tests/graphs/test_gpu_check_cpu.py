@@ -48,6 +48,8 @@ def test_smoke_runs_every_part_and_prints_the_table_last(smoke: tuple) -> None:
         "(d) stream vs non-stream",
         "(a) greedy 7B",  # the 7B engine still serves LLM.generate after the HTTP server of (d)
         "(e) verify step",
+        "(g) spec speed 7B",
+        "(f) spec engine",
         "(a) logits 7B",
         "(a) logits default",
         "(a) greedy default",
@@ -58,7 +60,8 @@ def test_smoke_runs_every_part_and_prints_the_table_last(smoke: tuple) -> None:
     assert lines[1].split() == ["part", "measured", "target", "floor", "/", "ref", "verdict", "note"]
     assert lines[-1].startswith("memory / time")
     verdicts = {r["part"]: r["verdict"] for r in data["table"]}
-    for name in ("(a) logits 7B", "(a) logits default", "(a) greedy 7B", "(a) greedy default"):
+    judged = ("(a) logits 7B", "(a) logits default", "(a) greedy 7B", "(a) greedy default", "(f) spec engine")
+    for name in judged:
         assert verdicts[name] == "PASS"
     assert "FAIL" not in verdicts.values()
 
@@ -66,11 +69,17 @@ def test_smoke_runs_every_part_and_prints_the_table_last(smoke: tuple) -> None:
 def test_smoke_numbers_are_complete(smoke: tuple) -> None:
     parts = smoke[1]["parts"]
     assert parts["(a) greedy 7B"]["exact"] == len(gpu_plan.make_plan(True, None).greedy_lens)
-    for level in parts["(d) stream vs non-stream"]["levels"]:
+    levels = parts["(d) stream vs non-stream"]["levels"]
+    assert [lv.get("api", "chat") for lv in levels] == ["chat"] * 2 + ["responses"] * 2 + ["messages"] * 2
+    for level in levels:
         tokens = level["tokens"]
         assert tokens["stream"] == tokens["nonstream"] == tokens["expected_each"] and level["errors"] == 0
     b = parts["(b) batch-1 decode"]
     assert b["step"]["step_ms"] > 0 and b["engine"]["decoded"] == b["engine"]["new_tokens"]
+    spec = parts["(f) spec engine"]  # outputs kept to the prompts' alphabet: the drafter proposes
+    assert spec["exact"] == len(spec["details"]) and spec["drafted"] > 0
+    speed = parts["(g) spec speed 7B"]
+    assert speed["drafted"] > 0 and speed["spec"]["decoded"] == speed["plain"]["decoded"] > 0
     c = parts["(c) batch-64 decode"]
     assert c["engine"]["decoded"] == c["engine"]["rows"] * c["engine"]["new_tokens"]
     assert c["step"]["bytes_per_step"] > b["step"]["bytes_per_step"]  # more rows, more KV
