@@ -265,7 +265,9 @@ def _synthetic_runtime(
         model_name=name,
         max_model_len=m.max_model_len or 8192,
         scheduler=Scheduler(cfg.scheduler, blocks),
-        runner=SyntheticRunner(m.synthetic_step_ms, pool, m.synthetic_async, cfg.cache.block_size),
+        runner=SyntheticRunner(
+            m.synthetic_step_ms, pool, m.synthetic_async, cfg.cache.block_size, m.synthetic_host_ms
+        ),
         make_detokenizer=detokenizer_factory(tok),
         device=device,
         dtype=dtype,

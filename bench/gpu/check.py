@@ -10,7 +10,7 @@ Parts, in order (bench/gpu/plan.py PARTS); one that raises is marked FAIL and th
 the time budget cannot fit is not started (SKIP); a watchdog prints the table and exits if a part
 overruns. The parts that answer the targets come first, on one 7B engine:
   copy bandwidth | build the 7B engine with CUDA graphs | (b) batch-1 decode vs the roofline |
-  (c) batch-64 decode at ~1k context | (d) stream vs non-stream through the HTTP server, c=1 and 64 |
+  (c) batch-64 decode at ~1k context | (d) stream vs non-stream through the HTTP server, c=1, 8, 64 |
   (a) greedy tokens graphs vs eager, 7B | then (a) logits vs transformers, 7B shape and default
   shape | (a) greedy tokens graphs vs eager, default shape (a second compile, so last).
 The budget counts from GPU_RUN_START (epoch seconds, exported by run.sh before the install)

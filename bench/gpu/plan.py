@@ -135,7 +135,7 @@ def make_plan(cpu_smoke: bool, budget_s: float | None) -> Plan:
             bw_bytes=2 << 30, logit_prompt=128, logit_decode=8,
             greedy_lens=(5, 40, 130, 300), greedy_max_tokens=(32, 24, 16, 8),  # batch 4, 3, 2, 1
             b_context=256, b_prompt=128, b_new=128, c_rows=64, c_context=1024, c_new=64,
-            iters=30, warmup=5, d_concurrency=(1, 64), d_runs=3, d_max_tokens=128,
+            iters=30, warmup=5, d_concurrency=(1, 8, 64), d_runs=3, d_max_tokens=128,
             budget_s=budget_s or float(DEVICE_LIMIT_S - GRACE_S - EXIT_S), grace_s=GRACE_S, scale=1.0,
         )  # fmt: skip
     tiny = SHAPES["tiny"]

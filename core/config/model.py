@@ -34,6 +34,10 @@ class ModelConfig:
     # null engine: a launch returns at once and the tokens are ready synthetic_step_ms later, on a
     # simulated device timeline (like a GPU); false = each step sleeps synthetic_step_ms in place
     synthetic_async: bool = False
+    # null engine, asynchronous: host time a launch spends holding the GIL besides building the
+    # inputs, as a GPU engine's attention plan and kernel launches do (0.9-1.6 ms a step on the
+    # H200, bench/gpu/GPU.md); 0 = none
+    synthetic_host_ms: float = 0.0
     synthetic_vocab_size: int = 49152
     # int4 = weight-only int4 (group 32), bf16 activations, CPU only: ~8x fewer weight bytes than fp32.
     # auto = int4 for a mostly 4-bit GGUF on CPU with dtype auto/bfloat16, else none (quant_select.py).
@@ -48,6 +52,12 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check(self.max_model_len is None or self.max_model_len > 0, "model.max_model_len", "must be > 0")
         check(self.synthetic_step_ms >= 0, "model.synthetic_step_ms", "must be >= 0")
+        check(self.synthetic_host_ms >= 0, "model.synthetic_host_ms", "must be >= 0")
+        check(
+            self.synthetic_host_ms == 0 or self.synthetic_async,
+            "model.synthetic_host_ms",
+            "needs model.synthetic_async: true (a synchronous launch has no host side)",
+        )
         check(self.synthetic_vocab_size >= 8, "model.synthetic_vocab_size", "must be >= 8")
         check(self.num_threads is None or self.num_threads >= 1, "model.num_threads", "must be >= 1 or null")
 

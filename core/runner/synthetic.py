@@ -68,9 +68,15 @@ def synthetic_tokens(seqs: list[Seq], pool: list[int]) -> list[int]:
 
 class SyntheticRunner:
     def __init__(
-        self, step_ms: float, token_pool: list[int], asynchronous: bool = False, block_size: int = 16
+        self,
+        step_ms: float,
+        token_pool: list[int],
+        asynchronous: bool = False,
+        block_size: int = 16,
+        host_ms: float = 0.0,
     ) -> None:
         self.step_s = step_ms / 1000.0
+        self.host_s = host_ms / 1000.0
         self.pool = token_pool
         self.asynchronous = asynchronous
         self.inputs = InputBuilder(block_size, torch.device("cpu")) if asynchronous else None
@@ -93,6 +99,8 @@ class SyntheticRunner:
             pooled = [s for s in ended if s.embed is not None] if len(sampled) < len(ended) else []
             return _Timed(sampled + pooled, self.pool, 0.0, len(sampled))
         inp = self.inputs.build(batch)
+        if self.host_s > 0:
+            _hold_gil(self.host_s)
         start = max(time.perf_counter(), self._device_free_at)
         self._device_free_at = start + self.step_s
         pooled = [p.seq for p in inp.pool if p.last]
@@ -107,3 +115,11 @@ class SyntheticRunner:
 
     def close(self) -> None:
         pass  # no background work
+
+
+def _hold_gil(seconds: float) -> None:
+    """Busy Python for `seconds`: the GIL is held, given up only at the interpreter's switch
+    interval when another thread asks for it (as bytecode-bound host work does)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass

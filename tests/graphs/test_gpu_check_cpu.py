@@ -224,7 +224,7 @@ def test_gpu_plan_overrides_are_valid_config() -> None:
 def test_gpu_plan_sizes_fit() -> None:
     p = gpu_plan.make_plan(False, None)
     assert p.big_arch.hidden_size == 4096 and p.big_arch.architecture == "mistral"
-    assert p.c_rows == 64 and 1000 <= p.c_context <= 1100 and p.d_concurrency == (1, 64)
+    assert p.c_rows == 64 and 1000 <= p.c_context <= 1100 and p.d_concurrency == (1, 8, 64)
     per_seq = -(-(p.c_context + p.c_new) // 16)
     assert 1 + p.c_rows * per_seq < p.big_blocks  # microbenchmark and engine run of (c) fit the pool
     assert p.c_context + p.c_new < p.max_model_len and max(p.greedy_lens) + 64 < p.max_model_len

@@ -77,6 +77,24 @@ def test_async_null_engine_launches_at_once_and_queues_steps_on_a_device_timelin
     assert second.wait().token_ids != result.token_ids  # the next position's tokens
 
 
+def test_host_time_is_spent_in_the_launch_with_the_gil_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """model.synthetic_host_ms: a GPU engine's host-side step work (attention plan, launches),
+    spent inside launch() before the step goes on the device timeline; async engines only."""
+    held: list[float] = []
+    monkeypatch.setattr(synthetic_runner, "_hold_gil", held.append)
+    runner = SyntheticRunner(5.0, list(range(100, 200)), asynchronous=True, host_ms=1.5)
+    seqs = [Seq(i, f"r{i}", [i + 1, 2, 3], SamplingParams()) for i in range(2)]
+    runner.launch(ScheduledBatch(seqs=list(seqs), num_new=[3, 3]))
+    assert held == [0.0015]
+    synthetic_runner._hold_gil(0.0)  # the real one returns (the bench sets milliseconds)
+    assert config_from_dict(
+        {"model": {"synthetic_async": True, "synthetic_host_ms": 1.5}}
+    ).model.synthetic_host_ms
+    for bad in ({"synthetic_host_ms": -1.0, "synthetic_async": True}, {"synthetic_host_ms": 1.0}):
+        with pytest.raises(ConfigError, match=r"model\.synthetic_host_ms"):
+            config_from_dict({"model": bad})
+
+
 def _run(overlap: str, abort: bool) -> dict[str, list[tuple[list[int], FinishReason | None, str]]]:
     cfg = config_from_dict(
         {
