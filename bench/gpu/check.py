@@ -105,14 +105,41 @@ async def stream_ratios(
     for c in concurrency:
         for stream in (False, True):
             await run_level(url, model, c, c, 8, stream)  # warm-up: first-request costs stay out
-        tot = {False: [0, 0.0, 0], True: [0, 0.0, 0]}  # tokens, seconds, errors
+        tot: Tally = {False: [0.0] * 6, True: [0.0] * 6}
         for i in range(runs):
             for stream in (False, True) if i % 2 == 0 else (True, False):
+                before = engine_counters(url)
                 r = await run_level(url, model, c, c, max_tokens, stream)
-                t = tot[stream]
-                t[0], t[1], t[2] = t[0] + r.tokens, t[1] + r.wall_s, t[2] + r.errors
+                _add(tot[stream], (r.tokens, r.wall_s, r.errors), before, engine_counters(url))
         out.append(_level(c, runs, max_tokens, tot))
     return out
+
+
+Tally = dict[bool, list[float]]  # per mode: tokens, seconds, errors, engine steps, busy s, wait s
+COUNTERS = ("rillet_engine_steps", "rillet_engine_busy_seconds", "rillet_engine_device_wait_seconds")
+
+
+def engine_counters(url: str) -> tuple[float, ...]:
+    """The engine's steps, busy and device-wait seconds from the server's /metrics: their deltas
+    over a batch give the engine thread's host time a step (busy - wait), the part of a step the
+    event loop's work can hold up through the GIL."""
+    import urllib.request
+
+    with urllib.request.urlopen(url.rsplit("/v1", 1)[0] + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    seen: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0].removesuffix("_total")
+        if name in COUNTERS and name not in seen:
+            seen[name] = float(line.rsplit(" ", 1)[1])
+    return tuple(seen.get(n, 0.0) for n in COUNTERS)
+
+
+def _add(
+    t: list[float], batch: tuple[float, float, float], before: tuple[float, ...], after: tuple[float, ...]
+) -> None:
+    for i, v in enumerate((*batch, *(a - b for a, b in zip(after, before, strict=True)))):
+        t[i] += v
 
 
 def api_ratios(
@@ -130,12 +157,12 @@ def api_ratios(
         with ThreadPoolExecutor(c) as pool:
             for stream in (False, True):  # warm-up: connections open, first-request costs stay out
                 _api_batch(pool, clients, model, stream, 8)
-            tot = {False: [0, 0.0, 0], True: [0, 0.0, 0]}  # tokens, seconds, errors
+            tot: Tally = {False: [0.0] * 6, True: [0.0] * 6}
             for i in range(runs):
                 for stream in (False, True) if i % 2 == 0 else (True, False):
+                    before = engine_counters(url)
                     r = _api_batch(pool, clients, model, stream, max_tokens)
-                    t = tot[stream]
-                    t[0], t[1], t[2] = t[0] + r[0], t[1] + r[1], t[2] + r[2]
+                    _add(tot[stream], r, before, engine_counters(url))
         out.append({"api": api, **_level(c, runs, max_tokens, tot)})
     return out
 
@@ -152,8 +179,12 @@ def _api_batch(pool: Any, clients: list[Any], model: str, stream: bool, n: int) 
     return sum(g for g in got if g is not None), wall, sum(g is None for g in got)
 
 
-def _level(c: int, runs: int, max_tokens: int, tot: dict[bool, list[Any]]) -> dict[str, Any]:
+def _level(c: int, runs: int, max_tokens: int, tot: Tally) -> dict[str, Any]:
     ns, s = tot[False][0] / tot[False][1], tot[True][0] / tot[True][1]
+
+    def host_ms(t: list[float]) -> float | None:  # the engine thread's own time a step
+        return (t[4] - t[5]) / t[3] * 1e3 if t[3] else None
+
     return {
         "concurrency": c,
         "runs": runs,
@@ -162,11 +193,13 @@ def _level(c: int, runs: int, max_tokens: int, tot: dict[bool, list[Any]]) -> di
         "stream_tok_s": s,
         "ratio": s / ns if ns else None,
         "tokens": {
-            "nonstream": tot[False][0],
-            "stream": tot[True][0],
+            "nonstream": int(tot[False][0]),
+            "stream": int(tot[True][0]),
             "expected_each": runs * c * max_tokens,
         },
-        "errors": tot[False][2] + tot[True][2],
+        "errors": int(tot[False][2] + tot[True][2]),
+        "steps": {"nonstream": int(tot[False][3]), "stream": int(tot[True][3])},
+        "host_ms_per_step": {"nonstream": host_ms(tot[False]), "stream": host_ms(tot[True])},
     }
 
 

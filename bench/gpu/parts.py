@@ -235,6 +235,9 @@ def part_d(p: Plan, llm: Any, module: str) -> Part:
         complete = lv["errors"] == 0 and tok["stream"] == tok["nonstream"] == tok["expected_each"]
         ok = complete and (lv["ratio"] or 0) >= D_TARGET_RATIO
         note = f"{lv['stream_tok_s']:.0f} vs {lv['nonstream_tok_s']:.0f} tok/s; {lv['max_tokens']} tok/req"
+        host = lv.get("host_ms_per_step", {})
+        if host.get("stream") is not None and host.get("nonstream") is not None:
+            note += f"; engine host {host['stream']:.2f} vs {host['nonstream']:.2f} ms/step"
         if not complete:
             note += f"; tokens {tok}, errors {lv['errors']}"
         api = lv.get("api", "chat")
