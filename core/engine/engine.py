@@ -19,7 +19,7 @@ from rillet.core.engine.admission import Admission
 from rillet.core.engine.core import EngineCore
 from rillet.core.engine.inbox import Inbox, NewEmbedding, NewRequest
 from rillet.core.engine.overlap import resolve_overlap
-from rillet.core.engine.publisher import Publisher
+from rillet.core.engine.publisher import Publisher, resolve_handoff
 from rillet.core.engine.stats import EngineStats, collect_stats
 from rillet.core.errors import (
     AdapterError,
@@ -38,14 +38,6 @@ from rillet.core.structured.setup import attach_structured
 from rillet.core.structured.spec import GrammarSpec
 
 log = logging.getLogger(__name__)
-
-
-def resolve_handoff(cfg: RilletConfig, device_type: str) -> float | None:
-    """Seconds the engine may wait for the consumer before a model run (None = it never waits)."""
-    mode = cfg.stream.handoff
-    if mode == "auto":
-        mode = "on" if device_type == "cpu" and cfg.model.kind != "synthetic" else "off"
-    return cfg.stream.handoff_timeout_ms / 1000 if mode == "on" else None
 
 
 class Engine:

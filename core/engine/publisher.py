@@ -16,8 +16,17 @@ or at once when no step follows.
 
 from __future__ import annotations
 
+from rillet.core.config import RilletConfig
 from rillet.core.outputs import StepOutput
 from rillet.core.ring import SpscRing
+
+
+def resolve_handoff(cfg: RilletConfig, device_type: str) -> float | None:
+    """Seconds the engine may wait for the consumer before a model run (None = it never waits)."""
+    mode = cfg.stream.handoff
+    if mode == "auto":
+        mode = "on" if device_type == "cpu" and cfg.model.kind != "synthetic" else "off"
+    return cfg.stream.handoff_timeout_ms / 1000 if mode == "on" else None
 
 
 class Publisher:

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 from rillet.core.config import ConfigError, config_from_dict
-from rillet.core.engine.engine import Engine, resolve_handoff
+from rillet.core.engine.engine import Engine
+from rillet.core.engine.publisher import resolve_handoff
 from rillet.core.sampling_params import SamplingParams
 
 
