@@ -34,19 +34,24 @@ NAME = "rillet_int4_rows"  # the extension's name: its build folder under TORCH_
 STALE_LOCK_S = 600.0  # a build lock older than this was left by a killed build
 TILE = 32  # output columns per tile pair of the packed layout
 GROUP = 32  # inputs per scale and zero
-DISABLE_ENV = "RILLET_INT4_KERNEL"  # "aten": keep torch's kernel (A/B benchmarks, a suspected bug)
+# "aten": keep torch's kernel (A/B benchmarks, a suspected bug); "rillet": this one wherever it
+# runs, AMX CPUs included (to measure it there); "auto" (default): where `preferred`
+DISABLE_ENV = "RILLET_INT4_KERNEL"
 
 
 def enabled() -> bool:
     """Whether new Int4Weights lay their codes out for this kernel: it is preferred here and the
     environment does not ask for torch's (read at each call: tests and benchmarks switch it)."""
-    return os.environ.get(DISABLE_ENV, "auto") != "aten" and preferred()
+    choice = os.environ.get(DISABLE_ENV, "auto")
+    return available() if choice == "rillet" else choice != "aten" and preferred()
 
 
 def preferred() -> bool:
     """It runs here and the CPU has no AMX tiles. With AMX, Inductor's AMX int4 template takes
     batches of 5 rows and more and aten's kernel smaller ones (graphs.small_batch), measured on a
-    Xeon; this kernel has not been measured against them there, so AMX CPUs keep them."""
+    Xeon. Against them there this kernel lost: the default model's saved steps on a 2-core AMX
+    Xeon took 7.9-10.8 ms a decode step against 5.3, 12.0-16.2 ms a 5-query verify step against
+    10.3-11.6 (bench/RESULTS.md, 2026-12-04), so AMX CPUs keep them."""
     return available() and not torch.cpu._is_amx_tile_supported()
 
 

@@ -144,3 +144,22 @@ def test_a_failed_build_leaves_torchs_kernel(
     with caplog.at_level("WARNING", logger="rillet.core.quant.rows_kernel"):
         assert rows_kernel.available.__wrapped__() is False
     assert [r.levelname for r in caplog.records if r.name == "rillet.core.quant.rows_kernel"] == ["WARNING"]
+
+
+@pytest.mark.parametrize(
+    ("choice", "runs", "amx", "want"),
+    [
+        ("auto", True, False, True),  # AVX512-BF16 without AMX: the kernel
+        ("auto", True, True, False),  # AMX: torch's kernels (measured faster there, RESULTS 12-04)
+        ("rillet", True, True, True),  # asked for, to measure it on AMX
+        ("rillet", False, False, False),  # asked for where it cannot run: torch's
+        ("aten", True, False, False),
+    ],
+)
+def test_the_environment_chooses_the_kernel(
+    monkeypatch: pytest.MonkeyPatch, choice: str, runs: bool, amx: bool, want: bool
+) -> None:
+    monkeypatch.setenv(rows_kernel.DISABLE_ENV, choice)
+    monkeypatch.setattr(rows_kernel, "available", lambda: runs)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert rows_kernel.enabled() is want
