@@ -28,6 +28,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,52 +95,22 @@ def run_all(res: Results, only: set[str]) -> None:
 # ---- the HTTP client of part (d), run as a subprocess so it never shares the server's GIL ---------
 
 
-async def stream_ratios(
+def stream_ratios(
     url: str, model: str, concurrency: list[int], runs: int, max_tokens: int
 ) -> list[dict[str, Any]]:
-    """Per concurrency C: batches of C requests, non-stream and stream in ABBA order; tok/s per mode
-    from `usage`; ratio = stream / non-stream (the seed issue's measurement)."""
+    """Per concurrency C: batches of C chat requests (bench/lib/loadgen.py, aiohttp), non-stream and
+    stream in ABBA order; tok/s per mode from `usage`; ratio = stream / non-stream (the seed issue's
+    measurement)."""
     from bench.lib.loadgen import run_level
 
-    out = []
-    for c in concurrency:
-        for stream in (False, True):
-            await run_level(url, model, c, c, 8, stream)  # warm-up: first-request costs stay out
-        tot: Tally = {False: [0.0] * 6, True: [0.0] * 6}
-        for i in range(runs):
-            for stream in (False, True) if i % 2 == 0 else (True, False):
-                before = engine_counters(url)
-                r = await run_level(url, model, c, c, max_tokens, stream)
-                _add(tot[stream], (r.tokens, r.wall_s, r.errors), before, engine_counters(url))
-        out.append(_level(c, runs, max_tokens, tot))
-    return out
+    def batch(c: int) -> Batch:
+        def send(stream: bool, n: int) -> tuple[float, float, float]:
+            r = asyncio.run(run_level(url, model, c, c, n, stream))
+            return r.tokens, r.wall_s, r.errors
 
+        return send
 
-Tally = dict[bool, list[float]]  # per mode: tokens, seconds, errors, engine steps, busy s, wait s
-COUNTERS = ("rillet_engine_steps", "rillet_engine_busy_seconds", "rillet_engine_device_wait_seconds")
-
-
-def engine_counters(url: str) -> tuple[float, ...]:
-    """The engine's steps, busy and device-wait seconds from the server's /metrics: their deltas
-    over a batch give the engine thread's host time a step (busy - wait), the part of a step the
-    event loop's work can hold up through the GIL."""
-    import urllib.request
-
-    with urllib.request.urlopen(url.rsplit("/v1", 1)[0] + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    seen: dict[str, float] = {}
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0].removesuffix("_total")
-        if name in COUNTERS and name not in seen:
-            seen[name] = float(line.rsplit(" ", 1)[1])
-    return tuple(seen.get(n, 0.0) for n in COUNTERS)
-
-
-def _add(
-    t: list[float], batch: tuple[float, float, float], before: tuple[float, ...], after: tuple[float, ...]
-) -> None:
-    for i, v in enumerate((*batch, *(a - b for a, b in zip(after, before, strict=True)))):
-        t[i] += v
+    return [abba_level(url, c, runs, max_tokens, batch(c)) for c in concurrency]
 
 
 def api_ratios(
@@ -155,19 +126,46 @@ def api_ratios(
     for c in concurrency:
         clients = [RawClient(url, api) for _ in range(c)]
         with ThreadPoolExecutor(c) as pool:
-            for stream in (False, True):  # warm-up: connections open, first-request costs stay out
-                _api_batch(pool, clients, model, stream, 8)
-            tot: Tally = {False: [0.0] * 6, True: [0.0] * 6}
-            for i in range(runs):
-                for stream in (False, True) if i % 2 == 0 else (True, False):
-                    before = engine_counters(url)
-                    r = _api_batch(pool, clients, model, stream, max_tokens)
-                    _add(tot[stream], r, before, engine_counters(url))
-        out.append({"api": api, **_level(c, runs, max_tokens, tot)})
+
+            def send(stream: bool, n: int, clients: list[RawClient] = clients) -> tuple[float, float, float]:
+                return _api_batch(pool, clients, model, stream, n)
+
+            out.append({"api": api, **abba_level(url, c, runs, max_tokens, send)})
     return out
 
 
-def _api_batch(pool: Any, clients: list[Any], model: str, stream: bool, n: int) -> tuple[int, float, int]:
+Batch = Callable[[bool, int], tuple[float, float, float]]  # (stream, max tokens) -> tokens, wall s, errors
+Tally = dict[bool, list[float]]  # per mode: tokens, seconds, errors, engine steps, busy s, wait s
+COUNTERS = ("rillet_engine_steps", "rillet_engine_busy_seconds", "rillet_engine_device_wait_seconds")
+
+
+def abba_level(url: str, c: int, runs: int, max_tokens: int, batch: Batch) -> dict[str, Any]:
+    """A warm-up batch per mode (first-request costs stay out), then `runs` batches per mode in
+    ABBA order, each with the engine's counters read around it."""
+    for stream in (False, True):
+        batch(stream, 8)
+    tot: Tally = {False: [0.0] * 6, True: [0.0] * 6}
+    for i in range(runs):
+        for stream in (False, True) if i % 2 == 0 else (True, False):
+            before = engine_counters(url)
+            got = batch(stream, max_tokens)
+            after = engine_counters(url)
+            for j, v in enumerate((*got, *(x - y for x, y in zip(after, before, strict=True)))):
+                tot[stream][j] += v
+    return _level(c, runs, max_tokens, tot)
+
+
+def engine_counters(url: str) -> tuple[float, ...]:
+    """The engine's steps, busy and device-wait seconds from the server's /metrics: their deltas
+    over a batch give the engine thread's host time a step (busy - wait), the part of a step the
+    event loop's work can hold up through the GIL."""
+    from bench.lib.server_proc import scrape_metrics
+
+    got = scrape_metrics(url.rsplit("/v1", 1)[0], timeout=10)
+    return tuple(got.get(f"{n}_total", got.get(n, 0.0)) for n in COUNTERS)
+
+
+def _api_batch(pool: Any, clients: list[Any], model: str, stream: bool, n: int) -> tuple[float, float, float]:
     """One request per client at once: (tokens, wall seconds, errors)."""
     t0 = time.perf_counter()
     futs = [
@@ -237,9 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.client:
         if args.api == "chat":
-            rows = asyncio.run(
-                stream_ratios(args.client, args.model, args.concurrency, args.runs, args.max_tokens)
-            )
+            rows = stream_ratios(args.client, args.model, args.concurrency, args.runs, args.max_tokens)
         else:
             rows = api_ratios(args.client, args.model, args.api, args.concurrency, args.runs, args.max_tokens)
         print(json.dumps(rows))

@@ -52,6 +52,7 @@ def graph_stats(llm: LLM) -> dict[str, Any]:
         "replays": gr.num_replays,
         "padded_eager": gr.num_padded_eager,
         "eager": gr.num_eager,
+        "verify_runs": gr.num_verify_runs,  # speculative verify steps through a graph
     }
 
 

@@ -129,7 +129,7 @@ def verify_cost(llm: LLM, context: int, iters: int) -> dict[str, Any]:
 
 
 def alphabet_requests(
-    p: Plan, lens: Sequence[int], seed: int
+    vocab: int, lens: Sequence[int], seed: int
 ) -> tuple[list[list[int]], tuple[tuple[int, float], ...]]:
     """Prompts over an alphabet of 8 random tokens, and a logit_bias of +100 on each of them.
     Random weights never repeat their prompt, so n-gram lookup would propose nothing; with the
@@ -137,9 +137,14 @@ def alphabet_requests(
     The model's own logits still choose among the 8 (the bias is the same for each), so drafts
     are accepted and refused."""
     gen = torch.Generator().manual_seed(seed)
-    alphabet = random_ids(8, p.small_arch.vocab_size, gen)
+    alphabet = random_ids(8, vocab, gen)
     pick = torch.randint(0, len(alphabet), (max(lens),), generator=gen).tolist()
     return [[alphabet[i] for i in pick[:n]] for n in lens], tuple((t, 100.0) for t in alphabet)
+
+
+def speed_requests(p: Plan) -> tuple[list[list[int]], tuple[tuple[int, float], ...]]:
+    """(g)'s batch-1 request, the same for the plain engine in (e) and the drafting one in (g)."""
+    return alphabet_requests(p.big_arch.vocab_size, (p.b_prompt,), 17)
 
 
 def part_spec(p: Plan, llm: Any) -> Part:
@@ -147,7 +152,7 @@ def part_spec(p: Plan, llm: Any) -> Part:
     16. INFO: the price of a step that may yield up to 1 + k tokens. Also the plain engine's
     batch-1 decode rate on (g)'s requests, which (g) compares its drafting engine with."""
     data = verify_cost(llm, p.b_context, p.iters)
-    prompts, bias = alphabet_requests(p, (p.b_prompt,), 17)
+    prompts, bias = speed_requests(p)
     data["alphabet_plain"] = engine_decode_rate(llm, prompts, p.b_new, bias)
     rows = [
         row(
@@ -167,15 +172,14 @@ def part_spec_speed(p: Plan, plain: dict[str, Any] | None) -> Part:
     """(g) The 7B engine with n-gram drafts (the method's defaults), graphs on: batch-1 decode
     rate on the alphabet requests against the plain engine's (measured in (e)). INFO: random
     weights make the acceptance whatever it is; the row says it."""
-    prompts, bias = alphabet_requests(p, (p.b_prompt,), 17)
+    prompts, bias = speed_requests(p)
     llm = open_engine(p, "7B", True, extra=("speculative.method=ngram",))
     try:
         t0 = time.perf_counter()
         rate = engine_decode_rate(llm, prompts, p.b_new, bias)
         assert llm.engine.core.spec is not None
         stats = llm.engine.core.spec.stats
-        gr = llm.engine.runtime.runner.graph_runner
-        verify_runs = gr.num_verify_runs if gr is not None else 0
+        verify_runs = graph_stats(llm).get("verify_runs", 0)
         secs = time.perf_counter() - t0
     finally:
         llm.close()
@@ -212,7 +216,7 @@ def part_spec_engine(p: Plan) -> Part:
     """(f) Greedy tokens of the default shape's engine with n-gram drafts, graphs on, against an
     eager engine without drafts, on alphabet_requests (drafts proposed at nearly every step)."""
     spec = eager = None
-    prompts, bias = alphabet_requests(p, p.greedy_lens, 7)
+    prompts, bias = alphabet_requests(p.small_arch.vocab_size, p.greedy_lens, 7)
     params = [
         SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, logprobs=5, logit_bias=bias)
         for m in p.greedy_max_tokens
@@ -223,8 +227,6 @@ def part_spec_engine(p: Plan) -> Part:
         got = [r.outputs[0] for r in spec.generate(prompts, params)]
         want = [r.outputs[0] for r in eager.generate(prompts, params)]
         stats = spec.engine.core.spec.stats if spec.engine.core.spec is not None else None
-        gr = spec.engine.runtime.runner.graph_runner
-        verify_runs = gr.num_verify_runs if gr is not None else 0
         graphs = graph_stats(spec)
     finally:
         for llm in (spec, eager):
@@ -233,6 +235,7 @@ def part_spec_engine(p: Plan) -> Part:
         free_memory(p)
     r = compare_greedy(want, got, TIE_TOL, LOGPROB_TOL)
     drafted, accepted = (stats.drafted, stats.accepted) if stats is not None else (0, 0)
+    verify_runs = graphs.get("verify_runs", 0)
     ok = r["ok"] and drafted > 0 and (verify_runs > 0 or p.device != "cuda")
     measured = f"{r['exact']}/{r['prompts']} exact, {r['tie']} ties"
     note = f"{verify_runs} verify graph runs; drafted {drafted}, accepted {accepted}"

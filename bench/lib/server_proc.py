@@ -105,11 +105,7 @@ class RilletServer:
 
     def metric(self, name: str) -> float | None:
         """One sample of a Prometheus metric (the first line that starts with `name`)."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith(name + " ") or line.startswith(name + "{"):
-                    return float(line.rsplit(" ", 1)[1])
-        return None
+        return scrape_metrics(f"http://127.0.0.1:{self.port}").get(name)
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
@@ -118,3 +114,14 @@ class RilletServer:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+
+def scrape_metrics(server: str, timeout: float = 5.0) -> dict[str, float]:
+    """A server's /metrics (`server`: http://host:port): each metric's first sample by its name
+    (labels dropped)."""
+    samples: dict[str, float] = {}
+    with urllib.request.urlopen(f"{server}/metrics", timeout=timeout) as r:
+        for line in r.read().decode().splitlines():
+            if line and not line.startswith("#"):
+                samples.setdefault(line.split("{", 1)[0].split(" ", 1)[0], float(line.rsplit(" ", 1)[1]))
+    return samples

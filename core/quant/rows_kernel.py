@@ -36,13 +36,14 @@ TILE = 32  # output columns per tile pair of the packed layout
 GROUP = 32  # inputs per scale and zero
 # "aten": keep torch's kernel (A/B benchmarks, a suspected bug); "rillet": this one wherever it
 # runs, AMX CPUs included (to measure it there); "auto" (default): where `preferred`
-DISABLE_ENV = "RILLET_INT4_KERNEL"
+KERNEL_ENV = "RILLET_INT4_KERNEL"
 
 
 def enabled() -> bool:
-    """Whether new Int4Weights lay their codes out for this kernel: it is preferred here and the
-    environment does not ask for torch's (read at each call: tests and benchmarks switch it)."""
-    choice = os.environ.get(DISABLE_ENV, "auto")
+    """Whether new Int4Weights lay their codes out for this kernel: where it is preferred, unless
+    the environment asks for torch's; wherever it runs when the environment asks for it (read at
+    each call: tests and benchmarks switch it)."""
+    choice = os.environ.get(KERNEL_ENV, "auto")
     return available() if choice == "rillet" else choice != "aten" and preferred()
 
 

@@ -142,7 +142,7 @@ def test_int4_weights_go_through_the_graph_frozen_and_autotuned(
 
     if kernel == "rillet" and not rows_kernel.preferred():
         pytest.skip("rillet's int4 kernel is used where the CPU has AVX512-BF16 and no AMX")
-    monkeypatch.setenv(rows_kernel.DISABLE_ENV, "aten" if kernel == "aten" else "auto")
+    monkeypatch.setenv(rows_kernel.KERNEL_ENV, "aten" if kernel == "aten" else "auto")
 
     assert resolve_compile_mode("auto", torch.device("cpu"), False)[0] == "default"
     assert resolve_compile_mode("auto", torch.device("cuda"), True)[0] == "default"

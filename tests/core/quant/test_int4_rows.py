@@ -159,7 +159,7 @@ def test_a_failed_build_leaves_torchs_kernel(
 def test_the_environment_chooses_the_kernel(
     monkeypatch: pytest.MonkeyPatch, choice: str, runs: bool, amx: bool, want: bool
 ) -> None:
-    monkeypatch.setenv(rows_kernel.DISABLE_ENV, choice)
+    monkeypatch.setenv(rows_kernel.KERNEL_ENV, choice)
     monkeypatch.setattr(rows_kernel, "available", lambda: runs)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     assert rows_kernel.enabled() is want
