@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import cast
+from typing import Literal, cast
 
 import torch
 from rillet.core.attention.invariant import InvariantAttentionBackend
@@ -61,7 +61,9 @@ def graph_runner(
         plan = artifact_plan(cfg, model, in_process)
     return GraphRunner(
         DecoderGraphAdapter(model, kv, cfg.cache.block_size),
-        replace(cfg.graphs, compile_mode=cast(CompileMode, compile_mode)),
+        replace(
+            cfg.graphs, compile_mode=cast(CompileMode, compile_mode), small_batch=small_batch(cfg, model)
+        ),
         max_num_seqs=cfg.scheduler.max_num_seqs,
         max_blocks_per_seq=max_blocks_per_seq,
         device=device,
@@ -69,6 +71,20 @@ def graph_runner(
         verify_max_rows=cfg.speculative.max_batch,
         plan=plan,
     )
+
+
+AMX_SMALL_BATCH = 1  # graphs.small_batch auto with rillet's int4 kernel and an aten copy (AMX)
+
+
+def small_batch(cfg: RilletConfig, model: DecoderModel) -> int | Literal["auto"]:
+    """graphs.small_batch, auto resolved where the int4 projections are rillet's kernel: with an
+    aten copy of the codes (an AMX CPU) single rows take the small-batch step through torch's
+    kernel, faster there at one row (Int4Weight), and more rows the tiles; without one (no AMX)
+    no second step: the kernel is a custom op that every step calls alike, and the small-batch
+    step exists to keep Inductor's int4 template off few rows."""
+    if cfg.graphs.small_batch != "auto" or not model.int4_rows_kernel:
+        return cfg.graphs.small_batch
+    return AMX_SMALL_BATCH if model.int4_aten_copy else 0
 
 
 def start_graphs(graphs: GraphRunner) -> None:

@@ -17,6 +17,7 @@ So a padding row attends to one dummy key, stays finite, and its output row is t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -126,6 +127,11 @@ class SavableModel(Protocol):
     def step_state(self) -> list[torch.Tensor]: ...
 
     def weights_module(self) -> torch.nn.Module: ...
+
+    def small_step_gemms(self) -> AbstractContextManager[None]:
+        """Within: the forwards multiply as the small-batch step should (graphs/aot/saved.py
+        DECODE_SMALL); a model with one way of multiplying changes nothing."""
+        ...
 
     def forward_decode_with(self, batch: DecodeBatch, state: Sequence[torch.Tensor]) -> torch.Tensor: ...
 

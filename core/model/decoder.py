@@ -8,7 +8,8 @@ tokens (families in arch.py): embedding, the layers (decoder_layer.py), final no
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +23,7 @@ from rillet.core.model.decoder_layer import DecoderLayer, empty_param
 from rillet.core.model.int4_layers import check_int4_dtype, quantize_layers, streaming_quantizer
 from rillet.core.model.rope import RotaryEmbedding
 from rillet.core.model.weights import Target, load_into
-from rillet.core.quant.int4 import Int8Weight, lin
+from rillet.core.quant.int4 import Int4Weight, Int8Weight, lin
 from torch import nn
 
 logger = logging.getLogger(__name__)
@@ -100,6 +101,32 @@ class DecoderModel(nn.Module):
     def int4_weights(self) -> bool:
         """The projections are Int4Weight stand-ins (quantize_int4 was called)."""
         return self.quant_head is not None
+
+    @property
+    def int4_rows_kernel(self) -> bool:
+        """Some projection multiplies through rillet's int4 kernel (core/quant/rows_kernel.py)."""
+        return any(m.rows for m in self._int4())
+
+    @property
+    def int4_aten_copy(self) -> bool:
+        """Those projections keep torch's layout beside (an AMX CPU: Int4Weight)."""
+        return any(m.aten_packed is not None for m in self._int4())
+
+    @contextmanager
+    def torch_int4_kernel(self) -> Iterator[None]:
+        """Within: projections with an aten copy multiply through torch's kernel (the trace of the
+        small-batch step; graphs/aot/saved.py)."""
+        weights = [m for m in self._int4() if m.aten_packed is not None]
+        for m in weights:
+            m.use_aten = True
+        try:
+            yield
+        finally:
+            for m in weights:
+                m.use_aten = False
+
+    def _int4(self) -> list[Int4Weight]:
+        return [m for m in self.modules() if isinstance(m, Int4Weight)]
 
     def compute_logits(self, hidden: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:
         """hidden [N, H] (rows of `forward`'s output) -> float32 logits [N, V]. `argmax_only`: the

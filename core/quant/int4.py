@@ -52,12 +52,20 @@ def _groups(weight: torch.Tensor) -> torch.Tensor:  # [N, K] -> [N, K/G, G] floa
 class Int4Weight(nn.Module):
     """Stands in for a [N, K] weight matrix; `lin(x, w, b)` dispatches on it. Its codes are laid
     out for rillet's own kernel (rows_kernel.py) where that runs here and the shape fits, else for
-    torch's `_weight_int4pack_mm_for_cpu` (`aten`): the same weights and outputs either way."""
+    torch's `_weight_int4pack_mm_for_cpu` (`aten`): the same weights and outputs either way.
+
+    Where the CPU has AMX tiles the codes are kept in torch's layout too (`aten_packed`, ~half a
+    byte a weight more): rillet's kernel multiplies several rows through the tiles for little
+    more than one, but at one row the small-batch step through torch's kernel was faster (5.6
+    against 6.6 ms a step on the default model, bench/RESULTS.md 2026-12-04), so that step is
+    traced with `use_aten` set (DecoderModel.torch_int4_kernel) and the others are not."""
 
     packed: torch.Tensor  # aten: [N, K/2] uint8; rows: [N/32, K/32, 16, 32] uint8
     scales_zeros: torch.Tensor  # aten: [K/G, N, 2] bf16; rows: [N/32, K/32, 2, 32] bf16
+    aten_packed: torch.Tensor | None  # rows with an aten copy: torch's layout beside (else None)
+    aten_scales_zeros: torch.Tensor | None
 
-    def __init__(self, weight: torch.Tensor, rows: bool | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, rows: bool | None = None, aten_copy: bool | None = None) -> None:
         super().__init__()
         g = _groups(weight)
         lo, hi = g.amin(-1), g.amax(-1)  # [N, K/G]
@@ -69,15 +77,25 @@ class Int4Weight(nn.Module):
         elif rows and not (rows_kernel.fits(*weight.shape) and rows_kernel.available()):
             raise ValueError(f"int4: rillet's kernel cannot take a {tuple(weight.shape)} weight here")
         self.rows = rows
-        pack = rows_kernel.pack if rows else _pack
-        packed, scales_zeros = pack(codes, scale, lo + 8 * scale)
+        self.use_aten = False  # rows: call torch's kernel on the aten copy (a trace of the small step)
+        zero = lo + 8 * scale
+        packed, scales_zeros = (rows_kernel.pack if rows else _pack)(codes, scale, zero)
         self.register_buffer("packed", packed)
         self.register_buffer("scales_zeros", scales_zeros)
+        if aten_copy is None:
+            aten_copy = rows_kernel.keeps_aten_copy()
+        copy = _pack(codes, scale, zero) if rows and aten_copy else (None, None)
+        self.register_buffer("aten_packed", copy[0])
+        self.register_buffer("aten_scales_zeros", copy[1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] any float -> [..., N] bf16
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        if self.rows:
+        if self.rows and not (self.use_aten and self.aten_packed is not None):
             y = rows_kernel.mm(flat, self.packed, self.scales_zeros, self.out_features)
+        elif self.rows:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                flat, self.aten_packed, GROUP, self.aten_scales_zeros
+            )
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
         return y.view(*x.shape[:-1], self.out_features)

@@ -8,13 +8,13 @@ row's bf16 input pairs to vdpbf16ps against it, applying the group's scale and z
 sums (w = (q - 8) * s + z: sum w x = s * sum (q - 8) x + z * sum x). One [1536, 576] matrix, out
 of cache, one Zen 5 core (`python -m bench.kernels.int4_rows`, 2026-12-04): 32 / 50 / 76 / 95 /
 174 us at 1 / 4 / 5 / 8 / 16 rows through torch's kernel, 24 / 31 / 35 / 48 / 94 through this
-one; the outputs are the same to bf16 rounding (tests/core/quant/test_int4_rows.py).
+one; the outputs are the same to bf16 rounding (tests/core/quant/test_int4_rows.py). Where the
+CPU has AMX tiles, rows go through tile multiplies (`preferred`).
 
 It is a torch custom op, so torch.compile and AOTInductor call it as an extern kernel inside the
 compiled step (no graph break). The C++ source is compiled on first use by torch's extension
 builder (g++ and ninja; cached under TORCH_EXTENSIONS_DIR, ~25 s once). Where the CPU lacks
-AVX512-BF16, the build fails, the CPU has AMX (`preferred`) or RILLET_INT4_KERNEL=aten is set,
-Int4Weight keeps torch's kernel.
+AVX512-BF16, the build fails or RILLET_INT4_KERNEL=aten is set, Int4Weight keeps torch's kernel.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ STALE_LOCK_S = 600.0  # a build lock older than this was left by a killed build
 TILE = 32  # output columns per tile pair of the packed layout
 GROUP = 32  # inputs per scale and zero
 # "aten": keep torch's kernel (A/B benchmarks, a suspected bug); "rillet": this one wherever it
-# runs, AMX CPUs included (to measure it there); "auto" (default): where `preferred`
+# runs; "auto" (default): where `preferred`
 KERNEL_ENV = "RILLET_INT4_KERNEL"
 
 
@@ -48,12 +48,19 @@ def enabled() -> bool:
 
 
 def preferred() -> bool:
-    """It runs here and the CPU has no AMX tiles. With AMX, Inductor's AMX int4 template takes
-    batches of 5 rows and more and aten's kernel smaller ones (graphs.small_batch), measured on a
-    Xeon. Against them there this kernel lost: the default model's saved steps on a 2-core AMX
-    Xeon took 7.9-10.8 ms a decode step against 5.3, 12.0-16.2 ms a 5-query verify step against
-    10.3-11.6 (bench/RESULTS.md, 2026-12-04), so AMX CPUs keep them."""
-    return available() and not torch.cpu._is_amx_tile_supported()
+    """It runs here. Where the CPU has AMX tiles it multiplies through them (kernels/int4_rows.cpp),
+    so a verify step's query rows cost little more than one: on a 2-core AMX Xeon one [1536, 576]
+    matrix took 34 / 36 / 45 / 50 us at 2 / 5 / 9 / 16 rows against torch's 45 / 98 / 146 / 184
+    (bench/RESULTS.md, 2026-12-04). Before the tiles this kernel's vdpbf16ps were compute-bound
+    per row there, as torch's kernel is, and AMX CPUs kept torch's. There a single row still
+    takes torch's kernel, in the small-batch step (Int4Weight's aten copy)."""
+    return available()
+
+
+def keeps_aten_copy() -> bool:
+    """Whether an Int4Weight in this kernel's layout keeps torch's layout too (Int4Weight): where
+    the kernel runs by default and the CPU has AMX tiles (not when the environment forces it)."""
+    return os.environ.get(KERNEL_ENV, "auto") == "auto" and torch.cpu._is_amx_tile_supported()
 
 
 @functools.cache
@@ -77,6 +84,7 @@ def available() -> bool:
         log.warning("int4: rillet's kernel did not build (%s); using torch's", exc)
         return False
     torch.library.register_fake("rillet::int4_rows_mm")(_fake)
+    torch.library.register_fake("rillet::int4_rows_mm_with")(_fake_with)
     return True
 
 
@@ -98,6 +106,10 @@ def _fake(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, n: int) -> to
     return x.new_empty(x.shape[0], n)
 
 
+def _fake_with(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, n: int, amx: bool) -> torch.Tensor:
+    return x.new_empty(x.shape[0], n)
+
+
 def fits(n: int, k: int) -> bool:
     return n % TILE == 0 and k % GROUP == 0
 
@@ -114,5 +126,15 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[
 
 
 def mm(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, n: int) -> torch.Tensor:
-    """x [M, K] bf16 -> [M, N] bf16."""
+    """x [M, K] bf16 -> [M, N] bf16 (through AMX tiles where the CPU has them)."""
     return torch.ops.rillet.int4_rows_mm(x, packed, sz, n)  # type: ignore[no-any-return]
+
+
+def mm_with(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, n: int, amx: bool) -> torch.Tensor:
+    """`mm` through the path named: AMX tiles (raises where the CPU has none) or AVX512-BF16 alone."""
+    return torch.ops.rillet.int4_rows_mm_with(x, packed, sz, n, amx)  # type: ignore[no-any-return]
+
+
+def has_amx() -> bool:
+    """Whether `mm` takes AMX tiles here (the CPU has them and Linux lets this process use them)."""
+    return bool(torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import rillet.graphs
@@ -70,6 +71,9 @@ class DecoderGraphAdapter:
 
     def weights_module(self) -> torch.nn.Module:
         return self.model
+
+    def small_step_gemms(self) -> AbstractContextManager[None]:
+        return self.model.torch_int4_kernel()
 
     def forward_decode_with(self, b: DecodeBatch, state: Sequence[torch.Tensor]) -> torch.Tensor:
         meta = DecodeMetadata(b.slot_mapping, b.seq_lens, b.block_tables)

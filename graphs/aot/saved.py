@@ -32,7 +32,8 @@ logger = logging.getLogger(__name__)
 DECODE = "decode"
 VERIFY = "verify"  # one step for every Q (graphs/aot/export.py)
 # the decode step again with aten's GEMM kernels, for batches of few rows (graphs.small_batch):
-# built only in autotuned modes, whose GEMM templates it leaves out
+# built only in autotuned modes, whose GEMM templates it leaves out, and traced within the model's
+# small_step_gemms (torch's int4 kernel where the model keeps its layout beside rillet's)
 DECODE_SMALL = "decode-small"
 GEMM_BACKENDS = {DECODE_SMALL: "ATEN"}  # Inductor's max_autotune_gemm_backends of a step, if set
 Progress = Callable[[str], None]
@@ -106,7 +107,10 @@ class SavedSteps:
         for i, name in enumerate(names, 1):
             say(f"compiling the {name} step ({i}/{len(names)}, AOTInductor, mode {self.mode})")
             start = time.perf_counter()
-            if name in (DECODE, DECODE_SMALL):
+            if name == DECODE_SMALL:
+                with self.model.small_step_gemms():
+                    program = export_decode(self.model, decode_example)
+            elif name == DECODE:
                 program = export_decode(self.model, decode_example)
             else:
                 assert verify_example is not None, "a verify step needs a verify example"

@@ -87,6 +87,26 @@ def test_auto_takes_the_small_batch_step_where_the_cpu_has_amx(monkeypatch: pyte
         assert small_batch_rows(2) == 2  # a number is kept on any CPU
 
 
+def test_auto_with_rillets_int4_kernel_is_one_row_with_an_aten_copy_else_none() -> None:
+    """rillet's kernel is a custom op every step calls alike: without AMX no second step (it would
+    only keep Inductor's int4 template off few rows); with AMX, single rows through torch's kernel
+    on the codes' aten copy, measured faster there at one row (core/quant/int4.py)."""
+    from types import SimpleNamespace
+
+    from rillet.core.graph_setup import AMX_SMALL_BATCH, small_batch
+
+    cases = [
+        (True, False, "auto", 0),
+        (True, True, "auto", AMX_SMALL_BATCH),
+        (False, False, "auto", "auto"),  # torch's kernels: graphs/ decides by the CPU
+        (True, True, 3, 3),
+    ]
+    for rows_kernel, copy, setting, want in cases:
+        cfg = config_from_dict({"graphs": {"small_batch": setting}})
+        model = SimpleNamespace(int4_rows_kernel=rows_kernel, int4_aten_copy=copy)
+        assert small_batch(cfg, model) == want  # type: ignore[arg-type]
+
+
 def test_saved_small_batch_step_gives_the_eager_tokens(tiny_hf_model: Any, tmp_path: Path) -> None:
     folder, _ = tiny_hf_model("llama")
     cfg = config_from_dict(

@@ -11,8 +11,11 @@ x86 machine exercises more than one kernel path, and each run must show that the
     handful of prompts is decided by one early near-tie, too coarse for a test; the benchmark
     reports it over all 48 prompts).
 The same default config over an int8 KV pool (`cache.dtype: int8`, a variant run in the same
-subprocess) must answer Paris and agree under teacher forcing at least as often as transformers
-bf16; its mean logit error is held within INT8_ERR_MARGIN of transformers bf16's, not below it:
+subprocess) must agree under teacher forcing at least as often as transformers bf16 (its France
+answer is not checked: the first token is a near-tie, "The" against "L'" 0.064 nats apart with a
+float pool and 0.012 with int8 on an AMX Xeon through rillet's int4 kernel, which then answers
+"L'Étoile..." while its logits are closer to float32 than torch's kernel's, 2026-12-04); its
+mean logit error is held within INT8_ERR_MARGIN of transformers bf16's, not below it:
 int8 rounding of K/V alone moves it by about +-0.006 (four equivalent Hadamard rotations gave
 0.104-0.117 against bf16's 0.109 on these 16 prompts), so "below" would be a coin flip.
 """
@@ -73,6 +76,5 @@ def test_default_numerics_stay_close_to_float32_under_isa_cap(cap: str, tmp_path
     assert ours["argmax_agree"] >= theirs["argmax_agree"], res
     int8 = res["variants"][INT8]
     assert int8["run"] == "int4/float32" and int8["decode"] == "eager"
-    assert "Paris" in int8["france"], int8["france"]
     assert int8["forced"]["argmax_agree"] >= theirs["argmax_agree"], res
     assert int8["forced"]["mean_abs_logit_err"] < INT8_ERR_MARGIN * theirs["mean_abs_logit_err"], res

@@ -68,6 +68,61 @@ def test_a_row_gets_the_same_bits_alone_and_in_a_batch() -> None:
         assert torch.equal(rows(x[i : i + 1]), batch[i : i + 1])
 
 
+needs_amx = pytest.mark.skipif(
+    not (int4_supported() and rows_kernel.available() and rows_kernel.has_amx()), reason="needs AMX tiles"
+)
+
+
+@needs_amx
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_amx_tiles_give_the_avx512_paths_bits_at_every_row_count(n: int, k: int) -> None:
+    """The tile path (every row count where the CPU has AMX) sums each group's pair products from
+    zero in the same order as vdpbf16ps: the same bits, and the same across its passes of 16 rows
+    (a row's output does not depend on its batch, as above)."""
+    w = Int4Weight(torch.randn(n, k, generator=torch.Generator().manual_seed(3)), rows=True)
+    for m in [*ROWS, 16, 33]:
+        x = torch.randn(m, k).bfloat16()
+        tiles = rows_kernel.mm_with(x, w.packed, w.scales_zeros, n, amx=True)
+        vectors = rows_kernel.mm_with(x, w.packed, w.scales_zeros, n, amx=False)
+        assert torch.equal(tiles, vectors), m
+        assert torch.equal(rows_kernel.mm(x, w.packed, w.scales_zeros, n), vectors)
+
+
+@needs_kernel
+@pytest.mark.skipif(rows_kernel.has_amx(), reason="a CPU without AMX tiles")
+def test_asking_for_tiles_without_amx_is_an_error() -> None:
+    w = Int4Weight(torch.randn(64, 64), rows=True)
+    with pytest.raises(RuntimeError, match="AMX"):
+        rows_kernel.mm_with(torch.randn(2, 64).bfloat16(), w.packed, w.scales_zeros, 64, amx=True)
+
+
+@needs_kernel
+def test_an_aten_copy_gives_torchs_products_while_use_aten_is_set() -> None:
+    """Where the CPU has AMX tiles the codes keep torch's layout too: the small-batch step is traced
+    through torch's kernel (DecoderModel.torch_int4_kernel), the others through rillet's."""
+    w = torch.randn(1536, 576, generator=torch.Generator().manual_seed(4))
+    both, aten = Int4Weight(w, rows=True, aten_copy=True), Int4Weight(w, rows=False)
+    plain = Int4Weight(w, rows=True, aten_copy=False)
+    assert both.aten_packed is not None and plain.aten_packed is None
+    x = torch.randn(3, 576)
+    rillet = plain(x)
+    assert torch.equal(both(x), rillet)
+    both.use_aten = plain.use_aten = True
+    assert torch.equal(both(x), aten(x))
+    assert torch.equal(plain(x), rillet)  # no copy: rillet's kernel still
+
+
+@pytest.mark.parametrize(
+    ("choice", "amx", "want"), [("auto", True, True), ("auto", False, False), ("rillet", True, False)]
+)
+def test_the_aten_copy_is_kept_where_the_cpu_has_amx(
+    monkeypatch: pytest.MonkeyPatch, choice: str, amx: bool, want: bool
+) -> None:
+    monkeypatch.setenv(rows_kernel.KERNEL_ENV, choice)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert rows_kernel.keeps_aten_copy() is want
+
+
 @needs_kernel
 def test_shapes_the_kernel_does_not_tile_keep_torchs_layout() -> None:
     w = Int4Weight(torch.randn(48, 64))  # 48 columns: not a whole tile pair of 32
@@ -78,7 +133,6 @@ def test_shapes_the_kernel_does_not_tile_keep_torchs_layout() -> None:
 class _Mlp(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        # rows=True: the kernel is asked for, also on an AMX CPU, where the default keeps torch's
         self.up = Int4Weight(torch.randn(128, 64, generator=torch.Generator().manual_seed(1)), rows=True)
         self.down = Int4Weight(torch.randn(64, 128, generator=torch.Generator().manual_seed(2)), rows=True)
 
@@ -150,8 +204,8 @@ def test_a_failed_build_leaves_torchs_kernel(
     ("choice", "runs", "amx", "want"),
     [
         ("auto", True, False, True),  # AVX512-BF16 without AMX: the kernel
-        ("auto", True, True, False),  # AMX: torch's kernels (measured faster there, RESULTS 12-04)
-        ("rillet", True, True, True),  # asked for, to measure it on AMX
+        ("auto", True, True, True),  # AMX: the kernel, through tiles from 2 rows
+        ("rillet", True, True, True),
         ("rillet", False, False, False),  # asked for where it cannot run: torch's
         ("aten", True, False, False),
     ],
