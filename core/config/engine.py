@@ -80,8 +80,10 @@ class GraphConfig:
     # per 4 rows, dequantized in registers) instead of the autotuned picks, which the example's 2
     # rows settle on Inductor's AMX template (flat in the rows: it dequantizes every weight to a
     # bf16 buffer); measured on the default model, bench/RESULTS.md 2026-12-03: 8.93 -> 5.52 ms a
-    # batch-1 step, slower from 5 rows on. 0: one decode step for every row count; auto: 4 where
-    # the CPU has AMX, else 0 (graphs/aot/step.py small_batch_rows)
+    # batch-1 step, slower from 5 rows on. 0: one decode step for every row count; auto: with
+    # rillet's int4 kernel 1 where the CPU has AMX (its int4 GEMMs torch's kernel on an aten copy
+    # of the codes: core/graph_setup.py small_batch) and 0 without; with torch's 4 where the CPU
+    # has AMX, else 0 (graphs/aot/step.py small_batch_rows)
     small_batch: int | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
