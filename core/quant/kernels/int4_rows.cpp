@@ -9,15 +9,13 @@
 // w = (q - 8) * scale + zero, so sum_k w x = scale * sum_k (q - 8) x + zero * sum_k x per group:
 // each weight is unpacked once per pass of up to 12 rows and used by each (torch's kernel unpacks it for
 // each block of 4 rows), and (q - 8) and x are exact bf16 pairs for vdpbf16ps (fp32 sums). Where
-// the CPU has AMX tiles, rows go through tile multiplies instead (below): up to 16 rows the same
-// unpacking, one instruction for what 16 x R vdpbf16ps do (a pair's two products are added in the
-// other order, so a last bit may differ from the AVX512 path; on one CPU every row takes the one
-// path); past 16 rows (prefill) weights dequantized to bf16 once per call, summed over all of K.
+// the CPU has AMX tiles, rows go through tile multiplies instead (below): the same unpacking, one
+// instruction for what 16 x R vdpbf16ps do (a pair's two products are added in the other order, so
+// a last bit may differ from the AVX512 path; on one CPU every row takes the one path).
 // Compiled with -fopenmp: at::parallel_for is OpenMP pragmas in ATen's headers (serial without).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <immintrin.h>
 #include <torch/library.h>
 
@@ -26,9 +24,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <vector>
 
 #define RILLET_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
@@ -194,97 +190,6 @@ RILLET_AMX void amx_tile_pairs(const Args& a, int64_t t0, int64_t t1, int64_t M)
   _tile_release();
 }
 
-// ---- AMX, wide batches (prefill): weights dequantized whole ----------------------------------------
-// Past one tile of rows the exact path's cost is its per-group round trip (each group's sums leave
-// the tiles to be scaled, per 16 rows). A batch of more rows takes each weight dequantized to bf16,
-// w = (q - 8) * s + z rounded once, so the tiles sum over all of K and only the results leave:
-// the products of torch's kernels (bf16 weights), not the exact pairs' bits of the paths above.
-constexpr int kWideRows = 32;  // rows per chunk: two passes of 16, four C tiles
-
-// tiles 0: 16 rows of x over one group; 1, 2: the group's dequantized weights, columns 0-15 /
-// 16-31; 3, 4 and 5, 6: the sums of passes 0 and 1
-RILLET_AMX void wide_config() {
-  TileConfig c;
-  for (int i = 0; i < 7; ++i) {
-    c.colsb[i] = 64;
-    c.rows[i] = 16;
-  }
-  _tile_loadconfig(&c);
-}
-
-// 16 columns x one input pair -> 32 bf16 lanes of w (column j at lanes 2j, 2j + 1)
-RILLET_AMX inline __m512i dequant_pairs(const uint8_t* p, __m512i lut, const __m512 sz[4]) {
-  const __m512i q = reinterpret_cast<__m512i>(unpack_pairs(p, lut));  // exact q - 8, bf16
-  const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(q)), 16));
-  const __m512 hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(q, 1)), 16));
-  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_fmadd_ps(hi, sz[1], sz[3]), _mm512_fmadd_ps(lo, sz[0], sz[2])));
-}
-
-// Tile pair t's weights, dequantized: w [G, 2, 16 pairs, 32 lanes] bf16 bits
-RILLET_AMX void dequant_tile_pair(const Args& a, int64_t t, uint16_t* w) {
-  const __m512i lut = _mm512_loadu_si512(a.lut);
-  const __m512i dup_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-  const __m512i dup_hi = _mm512_add_epi32(dup_lo, _mm512_set1_epi32(8));
-  const uint8_t* pk = a.packed + t * a.G * 16 * kTile;
-  const uint16_t* sz = a.sz + t * a.G * 2 * kTile;
-  for (int64_t g = 0; g < a.G; ++g) {
-    for (int half = 0; half < 2; ++half) {
-      const uint16_t* s = sz + g * 2 * kTile + half * 16;  // scales; the zeros 32 further
-      const __m512 sc = widen_bf16(s), ze = widen_bf16(s + kTile);
-      const __m512 v[4] = {_mm512_permutexvar_ps(dup_lo, sc), _mm512_permutexvar_ps(dup_hi, sc),
-                           _mm512_permutexvar_ps(dup_lo, ze), _mm512_permutexvar_ps(dup_hi, ze)};
-      uint16_t* dst = w + (g * 2 + half) * 16 * 32;
-      for (int p = 0; p < 16; ++p)
-        _mm512_store_si512(dst + p * 32, dequant_pairs(pk + g * 16 * kTile + p * kTile + half * 16, lut, v));
-    }
-  }
-}
-
-// Rows [0, M) of tile pair t; x padded to a multiple of 16 rows (zeros past M)
-RILLET_AMX void wide_tile_pair(const Args& a, const uint16_t* x, int64_t t, int64_t M, const uint16_t* w) {
-  alignas(64) float c[4][16][16];
-  for (int64_t m0 = 0; m0 < M; m0 += kWideRows) {
-    const bool two = m0 + 16 < M;
-    _tile_zero(3);
-    _tile_zero(4);
-    _tile_zero(5);
-    _tile_zero(6);
-    for (int64_t g = 0; g < a.G; ++g) {
-      _tile_loadd(1, w + (g * 2) * 16 * 32, 64);
-      _tile_loadd(2, w + (g * 2 + 1) * 16 * 32, 64);
-      _tile_loadd(0, x + m0 * a.K + g * kGroup, a.K * 2);
-      _tile_dpbf16ps(3, 0, 1);
-      _tile_dpbf16ps(4, 0, 2);
-      if (two) {
-        _tile_loadd(0, x + (m0 + 16) * a.K + g * kGroup, a.K * 2);
-        _tile_dpbf16ps(5, 0, 1);
-        _tile_dpbf16ps(6, 0, 2);
-      }
-    }
-    _tile_stored(3, c[0], 64);
-    _tile_stored(4, c[1], 64);
-    _tile_stored(5, c[2], 64);
-    _tile_stored(6, c[3], 64);
-    for (int64_t r = 0; r < std::min<int64_t>(kWideRows, M - m0); ++r) {
-      const int pass = int(r / 16), row = int(r % 16);
-      uint16_t* out = a.out + (m0 + r) * a.N + t * kTile;
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_load_ps(c[2 * pass][row]))));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_load_ps(c[2 * pass + 1][row]))));
-    }
-  }
-}
-
-RILLET_AMX void wide_tile_pairs(const Args& a, const uint16_t* x, int64_t t0, int64_t t1, int64_t M) {
-  const size_t bytes = size_t(a.G) * 2 * 16 * 32 * sizeof(uint16_t);  // a multiple of 64
-  std::unique_ptr<uint16_t, decltype(&std::free)> w(static_cast<uint16_t*>(std::aligned_alloc(64, bytes)), &std::free);
-  wide_config();
-  for (int64_t t = t0; t < t1; ++t) {
-    dequant_tile_pair(a, t, w.get());
-    wide_tile_pair(a, x, t, M, w.get());
-  }
-  _tile_release();
-}
-
 // Whether this CPU has AMX-BF16 tiles and Linux lets this process use them (asked once).
 bool amx_usable() {
   static const bool ok = [] {
@@ -322,17 +227,7 @@ at::Tensor rows_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
   for (int q = 0; q < 32; ++q) lut[q] = bf16_bits(float((q & 15) - 8));
   const Args a{xb, xsum.data(), packed.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(sz.data_ptr()), lut,
                reinterpret_cast<uint16_t*>(out.data_ptr()), K, G, n};
-  // a wide batch's tiles read 16 rows a pass: x padded to a multiple of 16
-  const bool wide = amx && M > kAmxRows;
-  at::Tensor padded;
-  const uint16_t* xa = xb;
-  if (wide && M % kAmxRows) {
-    padded = at::zeros({(M + kAmxRows - 1) / kAmxRows * kAmxRows, K}, xc.options());
-    padded.narrow(0, 0, M).copy_(xc);
-    xa = reinterpret_cast<const uint16_t*>(padded.data_ptr());
-  }
   at::parallel_for(0, n / kTile, 1, [&](int64_t t0, int64_t t1) {
-    if (wide) return wide_tile_pairs(a, xa, t0, t1, M);
     if (amx) return amx_tile_pairs(a, t0, t1, M);
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) kTileFns[std::min<int64_t>(kMaxRows, M - m0)](a, t, m0);
@@ -342,7 +237,7 @@ at::Tensor rows_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
 
 // Through tiles wherever they may run, one row included: inside a compiled step a row through them
 // cost less than through vdpbf16ps (bench/RESULTS.md, 2026-12-04), and a row's bits then do not
-// depend on its batch up to 16 rows (one path for all of them).
+// depend on its batch (one path for every row count).
 at::Tensor int4_rows_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz, int64_t n) {
   return rows_mm(x, packed, sz, n, amx_usable());
 }
