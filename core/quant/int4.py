@@ -90,14 +90,14 @@ class Int4Weight(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] any float -> [..., N] bf16
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        if self.rows and not (self.use_aten and self.aten_packed is not None):
+        aten_copy = self.use_aten and self.aten_packed is not None
+        if self.rows and not aten_copy:
             y = rows_kernel.mm(flat, self.packed, self.scales_zeros, self.out_features)
-        elif self.rows:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                flat, self.aten_packed, GROUP, self.aten_scales_zeros
-            )
         else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
+            packed, sz = (
+                (self.aten_packed, self.aten_scales_zeros) if aten_copy else (self.packed, self.scales_zeros)
+            )
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, packed, GROUP, sz)
         return y.view(*x.shape[:-1], self.out_features)
 
 

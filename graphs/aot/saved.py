@@ -14,6 +14,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from threading import Event
@@ -107,11 +108,9 @@ class SavedSteps:
         for i, name in enumerate(names, 1):
             say(f"compiling the {name} step ({i}/{len(names)}, AOTInductor, mode {self.mode})")
             start = time.perf_counter()
-            if name == DECODE_SMALL:
-                with self.model.small_step_gemms():
+            if name in (DECODE, DECODE_SMALL):
+                with self.model.small_step_gemms() if name == DECODE_SMALL else nullcontext():
                     program = export_decode(self.model, decode_example)
-            elif name == DECODE:
-                program = export_decode(self.model, decode_example)
             else:
                 assert verify_example is not None, "a verify step needs a verify example"
                 program = export_verify(self.model, verify_example)
