@@ -40,6 +40,7 @@ from rillet.core.lora.setup import attach_lora, refuse_unsupported
 from rillet.core.model.arch import ModelArch
 from rillet.core.model.decoder import DecoderModel
 from rillet.core.runner.base import Runner
+from rillet.core.runner.device_timeline import DeviceTimeline
 from rillet.core.runner.pooling import ChunkPooler
 from rillet.core.runner.synthetic import SYNTHETIC_EMBEDDING_SIZE, SyntheticRunner
 from rillet.core.sequence import Seq
@@ -74,6 +75,7 @@ class Runtime:
     encoder: bool = False  # embeddings run whole, without KV (a BERT-family encoder)
     speculator: Speculator | None = None  # speculative decoding (core/spec/), None when off
     lora: LoraRegistry | None = None  # LoRA adapters (core/lora/), None when lora asks for none
+    timeline: DeviceTimeline | None = None  # CUDA: the device's busy / idle time across steps
 
 
 def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime:
@@ -137,6 +139,7 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         embedding_size=model.arch.hidden_size if setup.pooling is not None else None,
         speculator=spec,
         lora=lora,
+        timeline=own.timeline,
     )
 
 

@@ -227,7 +227,7 @@ class Engine:
         self.admission.prepare_grammar(spec)
 
     def stats(self) -> EngineStats:
-        return collect_stats(self.core, self._inbox.queued, self._busy, self.ring)
+        return collect_stats(self.core, self._inbox.queued, self._busy, self.ring, self.runtime.timeline)
 
     # ---- the engine thread ---------------------------------------------------------------------
     def _run(self) -> None:

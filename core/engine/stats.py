@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from rillet.core.engine.core import EngineCore
 from rillet.core.outputs import StepOutput
 from rillet.core.ring import SpscRing
+from rillet.core.runner.device_timeline import DeviceTimeline
 
 
 @dataclass(frozen=True)
@@ -34,10 +35,20 @@ class EngineStats:
     spec_accepted: int = 0  # ... of them accepted
     spec_verified: int = 0  # sequence-steps that verified a draft (each also gains the model's token)
     kv_tokens_total: int = 0  # tokens the pool holds: kv_blocks_total x block_size (cache.dtype sizes it)
+    # CUDA (core/runner/device_timeline.py): the device's span of each step, and its idle time
+    # between steps while the next one was due (the host launched it late)
+    device_busy_seconds: float = 0.0
+    device_prep_seconds: float = 0.0  # of device_busy_seconds: before each step's forward
+    device_idle_seconds: float = 0.0
+    device_late_launches: int = 0  # launches done after the device had finished the step before
 
 
 def collect_stats(
-    core: EngineCore, inbox_queued: int, busy: float, ring: SpscRing[StepOutput]
+    core: EngineCore,
+    inbox_queued: int,
+    busy: float,
+    ring: SpscRing[StepOutput],
+    timeline: DeviceTimeline | None = None,
 ) -> EngineStats:
     blocks = core.blocks
     spec = core.spec.stats if core.spec is not None else None
@@ -61,4 +72,8 @@ def collect_stats(
         spec_drafted=spec.drafted if spec else 0,
         spec_accepted=spec.accepted if spec else 0,
         spec_verified=spec.verified if spec else 0,
+        device_busy_seconds=timeline.busy_seconds if timeline is not None else 0.0,
+        device_idle_seconds=timeline.idle_seconds if timeline is not None else 0.0,
+        device_prep_seconds=timeline.prep_seconds if timeline is not None else 0.0,
+        device_late_launches=timeline.late_launches if timeline is not None else 0,
     )

@@ -17,6 +17,7 @@ from rillet.core.attention.base import VerifyMetadata
 from rillet.core.engine.scheduler import ScheduledBatch
 from rillet.core.model.decoder import DecoderModel, KVCache
 from rillet.core.runner.base import InflightStep, SampleResult
+from rillet.core.runner.device_timeline import DeviceTimeline, StepMarks
 from rillet.core.runner.input_builder import InputBuilder
 from rillet.core.runner.pooling import ChunkPooler, Pooled
 from rillet.core.runner.prompt_logprobs import prompt_logprobs
@@ -39,9 +40,17 @@ class _Launched:
     host: HostSample | Ready
     pooled: Pooled | None = None
     prompt_lps: list[tuple[Seq, int, list[TokenLogprob]]] = field(default_factory=list)
+    timed: tuple[DeviceTimeline, StepMarks] | None = None  # CUDA: the step's device span
 
     def wait(self) -> SampleResult:
-        result = self.host.wait()
+        done = None
+        try:
+            result = self.host.wait()
+            done = self.host.done if isinstance(self.host, HostSample) else None
+        finally:
+            if self.timed is not None:
+                timeline, marks = self.timed
+                timeline.end(marks, done)  # a failed wait is not measured
         if self.pooled is not None:
             result.embeddings = self.pooled.to_host()
         result.prompt_lps = self.prompt_lps
@@ -68,6 +77,8 @@ class ModelRunner:
         self.device = device
         self.graph_runner = graph_runner
         self.inputs = InputBuilder(block_size, device)
+        # CUDA: the device's busy and idle time across steps, for /metrics (device_timeline.py)
+        self.timeline = DeviceTimeline() if device.type == "cuda" else None
         self.masks: MaskFiller | None = None  # set when structured outputs are available
         # model.task embed / both: embedding sequences are pooled instead of sampled
         self.pooler: ChunkPooler | None = None
@@ -79,8 +90,21 @@ class ModelRunner:
         launched = self.launch(batch)
         return launched.seqs, launched.wait()
 
-    @torch.inference_mode()
     def launch(self, batch: ScheduledBatch) -> InflightStep:
+        if self.timeline is None:
+            return self._launch(batch)
+        marks = self.timeline.begin()  # before the step's first device work
+        try:
+            launched = self._launch(batch, marks)
+        except BaseException:
+            self.timeline.end(marks, None)
+            raise
+        launched.timed = (self.timeline, marks)
+        self.timeline.launched(marks, launched.host.done if isinstance(launched.host, HostSample) else None)
+        return launched
+
+    @torch.inference_mode()
+    def _launch(self, batch: ScheduledBatch, marks: StepMarks | None = None) -> _Launched:
         if batch.lora_writes:
             self._write_adapters(batch)
         inp = self.inputs.build(batch)
@@ -98,6 +122,8 @@ class ModelRunner:
             self.publish_inputs(inp)
         pooled_seqs: list[Seq] = []
         pooled: Pooled | None = None
+        if marks is not None and self.timeline is not None:
+            self.timeline.forward(marks)
         hidden = self._multi_query_hidden(inp) if self.publish_inputs is None else None
         if hidden is None:  # the flat layout: [T, H], every token of the step
             hidden = self._hidden(inp)
@@ -126,7 +152,8 @@ class ModelRunner:
         logits = self.model.compute_logits(sampled, argmax_only)  # [S, V]
         sample = self.sampler.sample_device(logits, rows, mask)
         self.inputs.store_sampled(inp, sample.tokens)
-        return _Launched(seqs + pooled_seqs, sample.start_copy(), pooled, prompt_lps)
+        copy = sample.start_copy(timing=self.timeline is not None)
+        return _Launched(seqs + pooled_seqs, copy, pooled, prompt_lps)
 
     def _pool(self, hidden: torch.Tensor, inp: StepInputs) -> tuple[list[Seq], Pooled | None]:
         if self.pooler is None:

@@ -34,14 +34,15 @@ class DeviceSample:
     packed: torch.Tensor | None = None  # float64, the layout above; None = no row wants logprobs
     layout: LogprobLayout | None = None
 
-    def start_copy(self) -> HostSample:
-        """Queues the device->host copy of what the host needs; does not wait for it."""
+    def start_copy(self, timing: bool = False) -> HostSample:
+        """Queues the device->host copy of what the host needs; does not wait for it. `timing`:
+        its event can be timed (device_timeline.py)."""
         src = self.tokens if self.packed is None else self.packed
         if src.device.type != "cuda":
             return HostSample(src, None, len(self.tokens), self.layout)
         host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
         host.copy_(src, non_blocking=True)
-        done = torch.cuda.Event()
+        done = torch.cuda.Event(enable_timing=timing)
         done.record()
         return HostSample(host, done, len(self.tokens), self.layout)
 

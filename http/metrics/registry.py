@@ -163,6 +163,30 @@ def engine_samples(stats: Any, wakeups: int, active_streams: int) -> list[Sample
             "counter",
             stats.device_wait_seconds,
         ),
+        (
+            "rillet_device_busy_seconds",
+            "CUDA: the device's span of each engine step (first op to the tokens' copy)",
+            "counter",
+            getattr(stats, "device_busy_seconds", 0.0),
+        ),
+        (
+            "rillet_device_prep_seconds",
+            "CUDA: of the device's busy time, before each step's forward (inputs, or waiting for the host)",
+            "counter",
+            getattr(stats, "device_prep_seconds", 0.0),
+        ),
+        (
+            "rillet_device_late_launches",
+            "CUDA: launches finished after the device had finished the step before (host-bound steps)",
+            "counter",
+            getattr(stats, "device_late_launches", 0),
+        ),
+        (
+            "rillet_device_idle_seconds",
+            "CUDA: device idle between steps while the next was due (the host launched it late)",
+            "counter",
+            getattr(stats, "device_idle_seconds", 0.0),
+        ),
         ("rillet_ring_wakeups", "Engine -> event loop wake-ups", "counter", wakeups),
         (
             "rillet_handoff_timeouts",
