@@ -77,6 +77,7 @@ class ServerState:
             engine.abort,
             cfg.stream.max_buffered_tokens,
             self.metrics,
+            getattr(engine, "gate", None),  # engines without one (test doubles): never give way
         )
         disp.attach(asyncio.get_running_loop())
         self.dispatcher = disp

@@ -25,6 +25,13 @@ class StreamConfig:
     # nor on CUDA, where the loop's work overlaps the GPU's instead).
     handoff: Literal["auto", "on", "off"] = "auto"
     handoff_timeout_ms: float = 5.0
+    # With asynchronous launches (CUDA) the event loop gives way to the engine thread's host work
+    # (landing, scheduling and launching steps) instead of sharing the GIL with it, parking at most
+    # engine_first_max_park_ms at a time; the probe says how the loop sees a step about to end
+    # (core/engine/gil_gate.py). Off by default until measured to pay (bench/RESULTS.md).
+    engine_first: Literal["on", "off"] = "off"
+    engine_first_probe: Literal["device", "clock", "none"] = "none"
+    engine_first_max_park_ms: float = 5.0
     # Anthropic Messages streams: a `ping` event after this many seconds without output (a long
     # prompt waiting or prefilling), so proxies and clients see the stream alive. 0 = none.
     ping_interval_s: float = 10.0
@@ -32,6 +39,7 @@ class StreamConfig:
     def __post_init__(self) -> None:
         check(self.ping_interval_s >= 0, "stream.ping_interval_s", "must be >= 0")
         check(self.handoff_timeout_ms > 0, "stream.handoff_timeout_ms", "must be > 0")
+        check(self.engine_first_max_park_ms > 0, "stream.engine_first_max_park_ms", "must be > 0")
         check(self.max_tokens_per_event >= 1, "stream.max_tokens_per_event", "must be >= 1")
         check(self.max_delay_ms >= 0, "stream.max_delay_ms", "must be >= 0")
         cap = self.ring_capacity

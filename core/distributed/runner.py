@@ -51,6 +51,10 @@ class _Guarded:
         self.inner, self.runner = inner, runner
         self.seqs = inner.seqs
 
+    def ready(self) -> bool:
+        ready = getattr(self.inner, "ready", None)
+        return ready is not None and bool(ready())
+
     def wait(self) -> SampleResult:
         try:
             return self.inner.wait()

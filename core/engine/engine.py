@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from rillet.core.config import RilletConfig
 from rillet.core.engine.admission import Admission
 from rillet.core.engine.core import EngineCore
+from rillet.core.engine.gil_gate import EngineGate, resolve_gate
 from rillet.core.engine.inbox import Inbox, NewEmbedding, NewRequest
 from rillet.core.engine.overlap import resolve_overlap
 from rillet.core.engine.publisher import Publisher, resolve_handoff
@@ -52,6 +53,7 @@ class Engine:
         self._dead = False
         self._fatal: str | None = None  # set by fail(): the engine thread dies with it
         self._busy = 0.0
+        self.gate: EngineGate | None = None  # stream.engine_first, once loaded (gil_gate.py)
         # The model is built on the engine thread, which then runs it until shutdown: torch's CPU
         # thread pool is tied to the thread that first used it, and a model built on a thread
         # that later exits decoded ~3.5x slower (measured).
@@ -99,6 +101,10 @@ class Engine:
         self.handoff_s = resolve_handoff(self.cfg, rt.device.type)
         state = "off" if self.handoff_s is None else f"on (<= {self.handoff_s * 1000:g} ms)"
         log.info("stream handoff: %s", state)
+        hands_off = self.handoff_s is not None
+        self.gate, why = resolve_gate(self.cfg.stream, self.async_launch, hands_off)
+        self.core.gate = self.gate
+        log.info("engine first (the event loop gives way to the engine's host work): %s", why)
 
     def _main(self, progress: Callable[[str, float], None] | None) -> None:
         try:
@@ -113,6 +119,8 @@ class Engine:
             if not self._stop:
                 self._run()
         finally:
+            if self.gate is not None:
+                self.gate.open()
             self.runtime.runner.close()
             if self.runtime.speculator is not None:
                 self.runtime.speculator.close()
@@ -241,16 +249,14 @@ class Engine:
                 aborted = self._drain_inbox()
                 if not self.core.has_work() and not aborted:
                     publisher.flush()
-                    self._wake.wait(0.1)
-                    self._wake.clear()
+                    self._idle(0.1)
                     continue
                 t0 = time.perf_counter()
                 out = self.core.step(publisher.before_run, publisher.after_launch)
                 publisher.flush()  # neither hook was called if nothing was scheduled
                 if out is None and not aborted:
                     # work, none of it runnable now (embeddings waiting out chat's share): no spin
-                    self._wake.wait(0.001)
-                    self._wake.clear()
+                    self._idle(0.001)
                 if aborted:
                     step = out.step if out is not None else self.core.steps
                     out = StepOutput(step, aborted.deltas + (out.deltas if out else []))
@@ -262,12 +268,23 @@ class Engine:
         except RingClosed:
             pass
         except BaseException as exc:
+            if self.gate is not None:
+                self.gate.open()
             self.error = f"engine thread died: {type(exc).__name__}: {exc}"
             log.exception("engine thread died")
             self._dead = True
             publisher.salvage()  # tokens already produced go out before the failures
             self._fail_everything()
             raise
+
+    def _idle(self, timeout: float) -> None:
+        gate = self.gate
+        if gate is not None:
+            gate.waiting()
+        self._wake.wait(timeout)
+        self._wake.clear()
+        if gate is not None:
+            gate.working()
 
     def _drain_inbox(self) -> StepOutput | None:
         deltas = self._inbox.drain(self.core)

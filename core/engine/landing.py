@@ -14,6 +14,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from rillet.core.engine.gil_gate import EngineGate
 from rillet.core.engine.runs import RunLanding
 from rillet.core.errors import ErrorKind
 from rillet.core.outputs import SeqDelta
@@ -40,6 +41,7 @@ class StepLanding(RunLanding):
     _inflight_step: int
     _landed_step: int
     wait_seconds: float
+    gate: EngineGate | None
 
     def abort(
         self,
@@ -58,6 +60,9 @@ class StepLanding(RunLanding):
         self._landed_step = self._inflight_step
         deltas: list[SeqDelta] = []
         t0 = time.perf_counter()
+        gate = self.gate
+        if gate is not None:  # the event loop may have the GIL until the step is done
+            gate.waiting(getattr(launched, "ready", None))  # ModelRunner's, the null engine's
         try:
             result = launched.wait()
         except FatalRunnerError:
@@ -66,6 +71,8 @@ class StepLanding(RunLanding):
             self._fail(launched.seqs, exc, deltas)
             return deltas
         finally:
+            if gate is not None:
+                gate.working(landed=True)
             self.wait_seconds += time.perf_counter() - t0
             for seq in launched.seqs:
                 seq.num_pending -= 1

@@ -42,6 +42,11 @@ class _Launched:
     prompt_lps: list[tuple[Seq, int, list[TokenLogprob]]] = field(default_factory=list)
     timed: tuple[DeviceTimeline, StepMarks] | None = None  # CUDA: the step's device span
 
+    def ready(self) -> bool:
+        """The device has finished the step (any thread: the event loop's probe, gil_gate.py)."""
+        host = self.host
+        return not isinstance(host, HostSample) or host.done is None or host.done.query()
+
     def wait(self) -> SampleResult:
         done = None
         try:

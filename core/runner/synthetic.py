@@ -35,6 +35,10 @@ class _Timed:
     ready_at: float  # time.perf_counter() at which the simulated device has finished the step
     num_sampled: int = -1  # seqs[:num_sampled] sample; -1: all of them
 
+    def ready(self) -> bool:
+        """The simulated device has finished the step (the event loop's probe, gil_gate.py)."""
+        return time.perf_counter() >= self.ready_at
+
     def wait(self) -> SampleResult:
         # The "device" computes the tokens: before the wait, so that this host work is hidden
         # under the step time as a GPU's sampling would be. Each sequence's host state is exact

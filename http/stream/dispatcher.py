@@ -15,6 +15,11 @@ task, future or `sleep(0)` hop between the engine and its next step:
      client's process, which on a busy box can preempt this thread: the engine is not waiting
      for anything by then.
 Counters are plain ints owned by the loop (no lock per token); /metrics reads them at scrape time.
+
+Engine first (`gate`, core/engine/gil_gate.py; CUDA engines): every GIVE_WAY_EVERY deliveries and
+writes, the callback gives way while the engine thread does its host work, so that its next
+launch is queued before the device runs dry; the rest of the pass goes out once the engine waits
+for the device again.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from rillet.core.errors import ErrorKind
 from rillet.core.outputs import StepOutput
@@ -34,6 +40,12 @@ from rillet.http.stream.waker import Waker
 
 log = logging.getLogger(__name__)
 
+GIVE_WAY_EVERY = 4  # streams delivered / writes made between two looks at the engine gate
+
+
+class Gate(Protocol):
+    def give_way(self) -> bool: ...
+
 
 class Dispatcher:
     def __init__(
@@ -42,8 +54,10 @@ class Dispatcher:
         abort: Callable[[str], None],
         max_buffered_tokens: int,
         metrics: Metrics | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self._ring = ring
+        self._gate = gate
         self._abort = abort
         self._max_buffered = max_buffered_tokens
         self._metrics = metrics
@@ -116,7 +130,10 @@ class Dispatcher:
     def write_outbox(self) -> None:
         outbox = self.outbox
         if outbox:
-            for write, data in outbox:
+            gate = self._gate
+            for i, (write, data) in enumerate(outbox):
+                if gate is not None and i % GIVE_WAY_EVERY == 0:
+                    gate.give_way()
                 write(data)
             outbox.clear()
 
@@ -158,7 +175,10 @@ class Dispatcher:
                     self._cut_off(stream)
                 elif stream.done_in_engine:
                     routes.pop(d.request_id, None)
-        for stream in touched:
+        gate = self._gate
+        for i, stream in enumerate(touched):
+            if gate is not None and i % GIVE_WAY_EVERY == 0:
+                gate.give_way()
             stream.touched = False
             stream.deliver()
         self.tokens_routed += tokens
