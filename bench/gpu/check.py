@@ -28,7 +28,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +37,14 @@ from bench.gpu.plan import NEED_S, make_plan, row
 from bench.gpu.results import Results, run_part, setup_seconds, start_watchdog
 from bench.lib.common import OUT
 
+MODULE = "bench.gpu.check"  # run again as part (d)'s client
 # --only takes these
 PART_KEYS = ("bw", "build", "b", "c", "d", "greedy7b", "spec", "logits", "greedy", "specengine")
 
 
-def run_all(res: Results, only: set[str]) -> None:
+def run_all(
+    res: Results, only: set[str], d_apis: Sequence[str] | None = None, d_gates: Sequence[str] = ()
+) -> None:
     """PARTS (bench/gpu/plan.py) in order: bw, build 7B, (b), (c), (d), greedy 7B, (e) verify cost;
     then speculative decoding's engines ((g) 7B speed, (f) tokens), the logits comparisons and the
     default shape's greedy check, each skipped when the budget has no room left for it."""
@@ -75,7 +78,10 @@ def run_all(res: Results, only: set[str]) -> None:
         try:
             part("b", "(b) batch-1 decode", lambda: g.part_b(p, big, tb_s))
             part("c", "(c) batch-64 decode", lambda: g.part_c(p, big, tb_s))
-            part("d", "(d) stream vs non-stream", lambda: g.part_d(p, big, "bench.gpu.check"))
+            part("d", "(d) stream vs non-stream", lambda: g.part_d(p, big, MODULE, d_apis))
+            for gate in d_gates if not only or "d" in only else ():  # only on request, not in PARTS
+                name = f"(d) engine gate {gate}"
+                run_part(res, name, 40 * p.scale, lambda gate=gate: g.part_d(p, big, MODULE, gate=gate))
             part("greedy7b", "(a) greedy 7B", lambda: g.part_greedy(p, "7B", big, mode))
             plain = part("spec", "(e) verify step", lambda: s.part_spec(p, big))
         finally:
@@ -135,8 +141,21 @@ def api_ratios(
 
 
 Batch = Callable[[bool, int], tuple[float, float, float]]  # (stream, max tokens) -> tokens, wall s, errors
-Tally = dict[bool, list[float]]  # per mode: tokens, seconds, errors, engine steps, busy s, wait s
-COUNTERS = ("rillet_engine_steps", "rillet_engine_busy_seconds", "rillet_engine_device_wait_seconds")
+# per mode: tokens, seconds, errors, the client's CPU s, then the COUNTERS' deltas
+Tally = dict[bool, list[float]]
+COUNTERS = (
+    "rillet_engine_steps",
+    "rillet_engine_busy_seconds",
+    "rillet_engine_device_wait_seconds",
+    "rillet_dispatch_cpu_seconds",  # the event loop's thread inside the ring's callback
+    "rillet_device_busy_seconds",  # the device's span of each step (CUDA timing events)
+    "rillet_device_idle_seconds",  # ... and its idle time between steps while one was due
+    "rillet_device_prep_seconds",  # of busy: before each step's forward
+    "rillet_device_late_launches",  # launches done after the device had finished the step before
+)
+T_TOK, T_S, T_ERR, T_CLIENT, T_STEPS, T_BUSY, T_WAIT, T_LOOP, T_DEV_BUSY, T_DEV_IDLE, T_PREP, T_LATE = range(
+    12
+)
 
 
 def abba_level(url: str, c: int, runs: int, max_tokens: int, batch: Batch) -> dict[str, Any]:
@@ -144,13 +163,15 @@ def abba_level(url: str, c: int, runs: int, max_tokens: int, batch: Batch) -> di
     ABBA order, each with the engine's counters read around it."""
     for stream in (False, True):
         batch(stream, 8)
-    tot: Tally = {False: [0.0] * 6, True: [0.0] * 6}
+    tot: Tally = {False: [0.0] * 12, True: [0.0] * 12}
     for i in range(runs):
         for stream in (False, True) if i % 2 == 0 else (True, False):
             before = engine_counters(url)
+            cpu0 = time.process_time()  # the client's own CPU (all its threads)
             got = batch(stream, max_tokens)
+            cpu = time.process_time() - cpu0
             after = engine_counters(url)
-            for j, v in enumerate((*got, *(x - y for x, y in zip(after, before, strict=True)))):
+            for j, v in enumerate((*got, cpu, *(x - y for x, y in zip(after, before, strict=True)))):
                 tot[stream][j] += v
     return _level(c, runs, max_tokens, tot)
 
@@ -178,10 +199,19 @@ def _api_batch(pool: Any, clients: list[Any], model: str, stream: bool, n: int) 
 
 
 def _level(c: int, runs: int, max_tokens: int, tot: Tally) -> dict[str, Any]:
-    ns, s = tot[False][0] / tot[False][1], tot[True][0] / tot[True][1]
+    ns, s = tot[False][T_TOK] / tot[False][T_S], tot[True][T_TOK] / tot[True][T_S]
 
     def host_ms(t: list[float]) -> float | None:  # the engine thread's own time a step
-        return (t[4] - t[5]) / t[3] * 1e3 if t[3] else None
+        return (t[T_BUSY] - t[T_WAIT]) / t[T_STEPS] * 1e3 if t[T_STEPS] else None
+
+    def per_step_ms(t: list[float], j: int) -> float | None:
+        return t[j] / t[T_STEPS] * 1e3 if t[T_STEPS] else None
+
+    def per_token_us(t: list[float], j: int) -> float | None:
+        return t[j] / t[T_TOK] * 1e6 if t[T_TOK] else None
+
+    def modes(f: Callable[[list[float]], float | None]) -> dict[str, float | None]:
+        return {"nonstream": f(tot[False]), "stream": f(tot[True])}
 
     return {
         "concurrency": c,
@@ -195,9 +225,18 @@ def _level(c: int, runs: int, max_tokens: int, tot: Tally) -> dict[str, Any]:
             "stream": int(tot[True][0]),
             "expected_each": runs * c * max_tokens,
         },
-        "errors": int(tot[False][2] + tot[True][2]),
-        "steps": {"nonstream": int(tot[False][3]), "stream": int(tot[True][3])},
-        "host_ms_per_step": {"nonstream": host_ms(tot[False]), "stream": host_ms(tot[True])},
+        "errors": int(tot[False][T_ERR] + tot[True][T_ERR]),
+        "steps": {"nonstream": int(tot[False][T_STEPS]), "stream": int(tot[True][T_STEPS])},
+        "host_ms_per_step": modes(host_ms),
+        # the batch's wall time a step, and the part of it the engine waited for the device
+        "wall_ms_per_step": modes(lambda t: per_step_ms(t, T_S)),
+        "device_wait_ms_per_step": modes(lambda t: per_step_ms(t, T_WAIT)),
+        "device_busy_ms_per_step": modes(lambda t: per_step_ms(t, T_DEV_BUSY)),
+        "device_idle_ms_per_step": modes(lambda t: per_step_ms(t, T_DEV_IDLE)),
+        "device_prep_ms_per_step": modes(lambda t: per_step_ms(t, T_PREP)),
+        "late_launch_share": modes(lambda t: t[T_LATE] / t[T_STEPS] if t[T_STEPS] else None),
+        "loop_us_per_token": modes(lambda t: per_token_us(t, T_LOOP)),
+        "client_us_per_token": modes(lambda t: per_token_us(t, T_CLIENT)),
     }
 
 
@@ -222,6 +261,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="write the default tokenizer (GGUF metadata only) and exit",
     )
     ap.add_argument("--only", nargs="+", choices=PART_KEYS, default=[], help="run only these parts (a rerun)")
+    ap.add_argument(
+        "--d-apis",
+        nargs="*",
+        choices=("responses", "messages"),
+        help="(d)'s endpoints after chat (default both; none: chat only)",
+    )
+    ap.add_argument(
+        "--d-gate",
+        nargs="+",
+        default=[],
+        choices=("off", "device", "clock", "none"),
+        help="after (d): chat at its two highest levels again per variant of the event loop's engine "
+        "gate (stream.engine_first off, or on with that probe)",
+    )
     ap.add_argument("--client", metavar="BASE_URL", help=argparse.SUPPRESS)  # part (d)'s subprocess
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 64], help=argparse.SUPPRESS)
@@ -250,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     res = Results(args.out, make_plan(args.cpu_smoke, args.budget_s), setup_s=setup_seconds())
     watchdog = start_watchdog(res)
     try:
-        run_all(res, set(args.only))
+        run_all(res, set(args.only), args.d_apis, args.d_gate)
     except Exception as exc:  # outside any part (closing an engine): still print what was measured
         res.rows.append(row("gpu_check", verdict="FAIL", note=f"{type(exc).__name__}: {str(exc)[:150]}"))
     finally:

@@ -219,32 +219,60 @@ def part_c(p: Plan, llm: Any, tb_s: float | None) -> Part:
     return Part({"step": t, "engine": e, "bound_tok_s": bound, "copy_tb_s": bw}, rows)
 
 
-def part_d(p: Plan, llm: Any, module: str) -> Part:
+def part_d(
+    p: Plan, llm: Any, module: str, apis: Sequence[str] | None = None, gate: str | None = None
+) -> Part:
+    """`apis`: the endpoints after chat (default p.d_apis). `gate`: a variant on the same engine,
+    chat only at its two highest levels, with the event loop's engine gate (stream.engine_first,
+    core/engine/gil_gate.py) off, or on with that probe (device, clock, none): what giving way to
+    the engine's host work buys. Swapped between steps: the engine is idle between parts."""
+    from rillet.core.engine.gil_gate import EngineGate
     from rillet.http.background import BackgroundServer
 
-    server = BackgroundServer(llm.engine.cfg).start(llm.engine)
+    engine = llm.engine
+    if gate not in (None, "off") and not engine.async_launch:  # as resolve_gate refuses it
+        return Part({"gate": gate}, [row(f"(d) gate {gate}", verdict="SKIP", note="launches run the model")])
+    kept = engine.gate
+    chat_levels, apis = p.d_concurrency, p.d_apis if apis is None else tuple(apis)
+    if gate is not None:
+        engine.gate = engine.core.gate = None if gate == "off" else EngineGate(probe_mode=gate)
+        chat_levels, apis = p.d_concurrency[-2:], ()
+    server = BackgroundServer(engine.cfg).start(engine)
     levels: list[dict[str, Any]] = []
     try:
-        levels += _client(p, module, server.base_url, llm.engine.model_name, "chat", p.d_concurrency)
-        for api in p.d_apis:
+        levels += _client(p, module, server.base_url, llm.engine.model_name, "chat", chat_levels)
+        for api in apis:
             levels += _client(p, module, server.base_url, llm.engine.model_name, api, p.d_api_concurrency)
     finally:
         server.stop()
+        if engine.gate is not None:
+            engine.gate.open()
+        engine.gate = engine.core.gate = kept
     rows = []
     for lv in levels:
         tok = lv["tokens"]
         complete = lv["errors"] == 0 and tok["stream"] == tok["nonstream"] == tok["expected_each"]
         ok = complete and (lv["ratio"] or 0) >= D_TARGET_RATIO
         note = f"{lv['stream_tok_s']:.0f} vs {lv['nonstream_tok_s']:.0f} tok/s; {lv['max_tokens']} tok/req"
-        host = lv.get("host_ms_per_step", {})
-        if host.get("stream") is not None and host.get("nonstream") is not None:
-            note += f"; engine host {host['stream']:.2f} vs {host['nonstream']:.2f} ms/step"
+        for key, what, unit in (
+            ("host_ms_per_step", "engine host", "ms/step"),
+            ("wall_ms_per_step", "step", "ms"),
+            ("device_busy_ms_per_step", "device", "ms"),
+            ("device_prep_ms_per_step", "prep", "ms"),
+            ("device_idle_ms_per_step", "idle", "ms"),
+            ("late_launch_share", "late", "of steps"),
+            ("loop_us_per_token", "loop", "us/tok"),
+        ):
+            got = lv.get(key, {})
+            if got.get("stream") is not None and got.get("nonstream") is not None:
+                note += f"; {what} {got['stream']:.2f} vs {got['nonstream']:.2f} {unit}"
         if not complete:
             note += f"; tokens {tok}, errors {lv['errors']}"
         api = lv.get("api", "chat")
+        variant = "" if gate is None else f"gate {gate} "
         rows.append(
             row(
-                f"(d) {'' if api == 'chat' else api + ' '}c={lv['concurrency']} ratio",
+                f"(d) {variant}{'' if api == 'chat' else api + ' '}c={lv['concurrency']} ratio",
                 f"{lv['ratio'] or 0:.3f}",
                 f">= {D_TARGET_RATIO}",
                 "",
@@ -252,7 +280,8 @@ def part_d(p: Plan, llm: Any, module: str) -> Part:
                 note,
             )
         )
-    return Part({"levels": levels, "model": llm.engine.model_name}, rows)
+    configured = "off" if kept is None else kept.probe_mode
+    return Part({"levels": levels, "model": engine.model_name, "gate": gate or configured}, rows)
 
 
 def _client(
