@@ -40,7 +40,7 @@ from rillet.core.lora.setup import attach_lora, refuse_unsupported
 from rillet.core.model.arch import ModelArch
 from rillet.core.model.decoder import DecoderModel
 from rillet.core.runner.base import Runner
-from rillet.core.runner.device_timeline import DeviceTimeline
+from rillet.core.runner.inflight.device_timeline import DeviceTimeline
 from rillet.core.runner.pooling import ChunkPooler
 from rillet.core.runner.synthetic import SYNTHETIC_EMBEDDING_SIZE, SyntheticRunner
 from rillet.core.sequence import Seq

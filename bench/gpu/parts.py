@@ -224,9 +224,9 @@ def part_d(
 ) -> Part:
     """`apis`: the endpoints after chat (default p.d_apis). `gate`: a variant on the same engine,
     chat only at its two highest levels, with the event loop's engine gate (stream.engine_first,
-    core/engine/gil_gate.py) off, or on with that probe (device, clock, none): what giving way to
+    core/engine/handoff/gil_gate.py) off, or on with that probe (device, clock, none): what giving way to
     the engine's host work buys. Swapped between steps: the engine is idle between parts."""
-    from rillet.core.engine.gil_gate import EngineGate
+    from rillet.core.engine.handoff.gil_gate import EngineGate
     from rillet.http.background import BackgroundServer
 
     engine = llm.engine

@@ -28,7 +28,7 @@ class StreamConfig:
     # With asynchronous launches (CUDA) the event loop gives way to the engine thread's host work
     # (landing, scheduling and launching steps) instead of sharing the GIL with it, parking at most
     # engine_first_max_park_ms at a time; the probe says how the loop sees a step about to end
-    # (core/engine/gil_gate.py). Off by default until measured to pay (bench/RESULTS.md).
+    # (core/engine/handoff/gil_gate.py). Off by default until measured to pay (bench/RESULTS.md).
     engine_first: Literal["on", "off"] = "off"
     engine_first_probe: Literal["device", "clock", "none"] = "none"
     engine_first_max_park_ms: float = 5.0

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from rillet.core.engine.block_manager import BlockManager
 from rillet.core.engine.detokenizer import IncrementalDetokenizer
 from rillet.core.engine.embed_share import EmbedShare
-from rillet.core.engine.gil_gate import EngineGate
+from rillet.core.engine.handoff.gil_gate import EngineGate
 from rillet.core.engine.landing import Pending, StepLanding
 from rillet.core.engine.overlap import needs_host_tokens
 from rillet.core.engine.scheduler import ScheduledBatch, Scheduler
@@ -63,7 +63,7 @@ class EngineCore(StepLanding):
         self.steps = 0
         self.generated_tokens = 0
         self.wait_seconds = 0.0  # time blocked waiting for launched steps' tokens
-        self.gate: EngineGate | None = None  # the event loop gives way to host work (gil_gate.py)
+        self.gate: EngineGate | None = None  # the event loop gives way to host work (handoff/gil_gate.py)
         share = scheduler.cfg.embed_share
         # chat vs embeddings (embed_share.py); an engine that only embeds runs them unbounded
         self.embed_share = EmbedShare(share) if share < 1 and serves_both else None
@@ -124,7 +124,7 @@ class EngineCore(StepLanding):
     ) -> StepOutput | None:
         """One scheduling + launch step. `before_run` is called once the batch is scheduled, just
         before it is launched, `after_launch` just after (neither when nothing is scheduled): the
-        engine publishes the previous step's output in one of them (core/engine/publisher.py), so
+        engine publishes the previous step's output in one of them (core/engine/handoff/publisher.py), so
         the front end's work on it overlaps the device's work instead of competing with the
         scheduling for the GIL."""
         t0 = time.perf_counter()

@@ -17,10 +17,10 @@ from collections.abc import Callable, Sequence
 from rillet.core.config import RilletConfig
 from rillet.core.engine.admission import Admission
 from rillet.core.engine.core import EngineCore
-from rillet.core.engine.gil_gate import EngineGate, resolve_gate
+from rillet.core.engine.handoff.gil_gate import EngineGate, resolve_gate
+from rillet.core.engine.handoff.publisher import Publisher, resolve_handoff
 from rillet.core.engine.inbox import Inbox, NewEmbedding, NewRequest
 from rillet.core.engine.overlap import resolve_overlap
-from rillet.core.engine.publisher import Publisher, resolve_handoff
 from rillet.core.engine.stats import EngineStats, collect_stats
 from rillet.core.errors import (
     AdapterError,
@@ -53,7 +53,7 @@ class Engine:
         self._dead = False
         self._fatal: str | None = None  # set by fail(): the engine thread dies with it
         self._busy = 0.0
-        self.gate: EngineGate | None = None  # stream.engine_first, once loaded (gil_gate.py)
+        self.gate: EngineGate | None = None  # stream.engine_first, once loaded (handoff/gil_gate.py)
         # The model is built on the engine thread, which then runs it until shutdown: torch's CPU
         # thread pool is tied to the thread that first used it, and a model built on a thread
         # that later exits decoded ~3.5x slower (measured).

@@ -14,7 +14,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from rillet.core.engine.gil_gate import EngineGate
+from rillet.core.engine.handoff.gil_gate import EngineGate
 from rillet.core.engine.runs import RunLanding
 from rillet.core.errors import ErrorKind
 from rillet.core.outputs import SeqDelta

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from rillet.core.engine.core import EngineCore
 from rillet.core.outputs import StepOutput
 from rillet.core.ring import SpscRing
-from rillet.core.runner.device_timeline import DeviceTimeline
+from rillet.core.runner.inflight.device_timeline import DeviceTimeline
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class EngineStats:
     spec_accepted: int = 0  # ... of them accepted
     spec_verified: int = 0  # sequence-steps that verified a draft (each also gains the model's token)
     kv_tokens_total: int = 0  # tokens the pool holds: kv_blocks_total x block_size (cache.dtype sizes it)
-    # CUDA (core/runner/device_timeline.py): the device's span of each step, and its idle time
+    # CUDA (core/runner/inflight/device_timeline.py): the device's span of each step, and its idle time
     # between steps while the next one was due (the host launched it late)
     device_busy_seconds: float = 0.0
     device_prep_seconds: float = 0.0  # of device_busy_seconds: before each step's forward

@@ -17,11 +17,11 @@ from rillet.core.attention.base import VerifyMetadata
 from rillet.core.engine.scheduler import ScheduledBatch
 from rillet.core.model.decoder import DecoderModel, KVCache
 from rillet.core.runner.base import InflightStep, SampleResult
-from rillet.core.runner.device_timeline import DeviceTimeline, StepMarks
+from rillet.core.runner.inflight.device_timeline import DeviceTimeline, StepMarks
+from rillet.core.runner.inflight.sample_output import HostSample
 from rillet.core.runner.input_builder import InputBuilder
 from rillet.core.runner.pooling import ChunkPooler, Pooled
 from rillet.core.runner.prompt_logprobs import prompt_logprobs
-from rillet.core.runner.sample_output import HostSample
 from rillet.core.runner.sampler import Sampler
 from rillet.core.runner.step_inputs import StepInputs
 from rillet.core.runner.verify_rounds import Ready, sample_in_rounds
@@ -43,7 +43,7 @@ class _Launched:
     timed: tuple[DeviceTimeline, StepMarks] | None = None  # CUDA: the step's device span
 
     def ready(self) -> bool:
-        """The device has finished the step (any thread: the event loop's probe, gil_gate.py)."""
+        """The device has finished the step (any thread: the loop's probe, engine/handoff/gil_gate.py)."""
         host = self.host
         return not isinstance(host, HostSample) or host.done is None or host.done.query()
 
@@ -82,7 +82,7 @@ class ModelRunner:
         self.device = device
         self.graph_runner = graph_runner
         self.inputs = InputBuilder(block_size, device)
-        # CUDA: the device's busy and idle time across steps, for /metrics (device_timeline.py)
+        # CUDA: the device's busy and idle time across steps, for /metrics (inflight/device_timeline.py)
         self.timeline = DeviceTimeline() if device.type == "cuda" else None
         self.masks: MaskFiller | None = None  # set when structured outputs are available
         # model.task embed / both: embedding sequences are pooled instead of sampled

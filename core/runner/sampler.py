@@ -26,6 +26,7 @@ from itertools import chain
 
 import torch
 from rillet.core.runner.base import SampleResult
+from rillet.core.runner.inflight.sample_output import DeviceSample, pack_logprobs
 from rillet.core.runner.logits_processors import (
     TokenHistory,
     apply_min_p,
@@ -33,7 +34,6 @@ from rillet.core.runner.logits_processors import (
     apply_top_k_top_p,
     to_device,
 )
-from rillet.core.runner.sample_output import DeviceSample, pack_logprobs
 from rillet.core.sampling_params import GREEDY_EPS
 from rillet.core.sequence import Seq
 from rillet.core.structured.masks import PendingMask
@@ -70,7 +70,7 @@ class Sampler:
     def sample_device(
         self, logits: torch.Tensor, seqs: list[Seq], mask: PendingMask | None = None
     ) -> DeviceSample:
-        """As `sample`, but the result stays on the device (sample_output.py): nothing waits for it.
+        """As `sample`, but the result stays on the device (inflight/sample_output.py): nothing waits for it.
 
         Reads only host state that is complete while a step is in flight (params, the count of
         outputs with the pending one); penalised and grammar-constrained rows also read the output

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from rillet.core.config import ConfigError, config_from_dict
 from rillet.core.engine.engine import Engine
-from rillet.core.engine.publisher import resolve_handoff
+from rillet.core.engine.handoff.publisher import resolve_handoff
 from rillet.core.sampling_params import SamplingParams
 
 

@@ -137,7 +137,7 @@ def test_overlap_on_and_off_stream_the_same_tokens_through_the_engine_thread() -
 def test_a_step_is_published_after_an_asynchronous_launch_and_before_a_synchronous_one(
     asynchronous: bool,
 ) -> None:
-    """core/engine/publisher.py: with launches that only enqueue (CUDA, the asynchronous null
+    """core/engine/handoff/publisher.py: with launches that only enqueue (CUDA, the asynchronous null
     engine), the previous step's output goes to the ring just after the next launch, so a loop woken
     by it never delays a launch; a launch that runs the model is preceded by the publish instead."""
     from rillet.core.engine.engine import Engine

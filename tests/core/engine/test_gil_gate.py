@@ -1,4 +1,4 @@
-"""The engine gate (core/engine/gil_gate.py): the event loop parks while the engine does host
+"""The engine gate (core/engine/handoff/gil_gate.py): the event loop parks while the engine does host
 work, until the engine's next device wait begins; never with the gate open, never for longer than
 its bound; the three probes; and when the engine gets a gate at all."""
 
@@ -10,8 +10,8 @@ from collections.abc import Callable
 import pytest
 from http_helpers import wait_for
 from rillet.core.config import ConfigError, config_from_dict
-from rillet.core.engine import gil_gate
-from rillet.core.engine.gil_gate import EngineGate, resolve_gate
+from rillet.core.engine.handoff import gil_gate
+from rillet.core.engine.handoff.gil_gate import EngineGate, resolve_gate
 
 
 def parked_until_released(gate: EngineGate, release: Callable[[], object]) -> tuple[bool, bool]:

@@ -1,4 +1,4 @@
-"""The device timeline's accounting (core/runner/device_timeline.py), with a stand-in for CUDA's
+"""The device timeline's accounting (core/runner/inflight/device_timeline.py), with a stand-in for CUDA's
 timing events on one stream: an event is reached when the host records it or when the device has
 finished the work queued before it, whichever is later."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rillet.core.runner import device_timeline
-from rillet.core.runner.device_timeline import DeviceTimeline
+from rillet.core.runner.inflight import device_timeline
+from rillet.core.runner.inflight.device_timeline import DeviceTimeline
 
 
 class Stream:

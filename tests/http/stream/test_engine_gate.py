@@ -1,4 +1,4 @@
-"""The event loop giving way to the engine (stream.engine_first, core/engine/gil_gate.py): the
+"""The event loop giving way to the engine (stream.engine_first, core/engine/handoff/gil_gate.py): the
 dispatcher asks the gate between its deliveries and writes; through a real server on the
 asynchronous null engine, every probe gives the same streams as without a gate."""
 
