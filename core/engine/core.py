@@ -152,6 +152,7 @@ class EngineCore(StepLanding):
             if spec is not None and launched is not None:  # before anything can abort one of them
                 verifies = {s.seq_id: s.draft_ids for s in batch.seqs if s.draft_ids}
             if after_launch is not None:
+                self._waits_next(launched)
                 after_launch()
         if self._inflight is not None:
             deltas.extend(self._land())
@@ -165,6 +166,16 @@ class EngineCore(StepLanding):
             )
         # numbered by the step whose tokens it carries (the front end's inter-token clock)
         return StepOutput(self._landed_step, deltas) if batch.seqs or deltas else None
+
+    def _waits_next(self, launched: InflightStep | None) -> None:
+        """Before publishing, when the engine's next act is a device wait (landing the step in
+        flight, or this one): the loop may run from the publish on. Marked at `_land` only, the
+        loop woken by the publish would find the engine still working and park for nothing."""
+        gate = self.gate
+        if gate is None or launched is None or (self._inflight is None and self.overlap):
+            return
+        awaited = self._inflight if self._inflight is not None else launched
+        gate.waiting(getattr(awaited, "ready", None))
 
     def _launch(self, batch: ScheduledBatch, deltas: list[SeqDelta]) -> InflightStep | None:
         try:
