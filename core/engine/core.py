@@ -152,8 +152,8 @@ class EngineCore(StepLanding):
             if spec is not None and launched is not None:  # before anything can abort one of them
                 verifies = {s.seq_id: s.draft_ids for s in batch.seqs if s.draft_ids}
             if after_launch is not None:
-                self._waits_next(launched)
                 after_launch()
+                self._waits_next(launched)
         if self._inflight is not None:
             deltas.extend(self._land())
         self._inflight, self._inflight_step, self._inflight_verifies = launched, self.steps, verifies
@@ -168,9 +168,10 @@ class EngineCore(StepLanding):
         return StepOutput(self._landed_step, deltas) if batch.seqs or deltas else None
 
     def _waits_next(self, launched: InflightStep | None) -> None:
-        """Before publishing, when the engine's next act is a device wait (landing the step in
-        flight, or this one): the loop may run from the publish on. Marked at `_land` only, the
-        loop woken by the publish would find the engine still working and park for nothing."""
+        """Just after publishing, when the engine's next act is a device wait (landing the step in
+        flight, or this one): the loop may run from here on. Marked at `_land` only, the loop
+        woken by the publish would more often find the engine still working and park for nothing.
+        Not before the publish: a loop parked mid-pass would resume and hold up the publish."""
         gate = self.gate
         if gate is None or launched is None or (self._inflight is None and self.overlap):
             return
