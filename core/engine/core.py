@@ -124,8 +124,8 @@ class EngineCore(StepLanding):
     ) -> StepOutput | None:
         """One scheduling + launch step. `before_run` is called once the batch is scheduled, just
         before it is launched, `after_launch` just after (neither when nothing is scheduled): the
-        engine publishes the previous step's output in one of them (core/engine/handoff/publisher.py), so
-        the front end's work on it overlaps the device's work instead of competing with the
+        engine publishes the previous step's output in one of them (engine/handoff/publisher.py),
+        so the front end's work on it overlaps the device's work instead of competing with the
         scheduling for the GIL."""
         t0 = time.perf_counter()
         deltas = self._expire_deadlines()

@@ -16,10 +16,10 @@ task, future or `sleep(0)` hop between the engine and its next step:
      for anything by then.
 Counters are plain ints owned by the loop (no lock per token); /metrics reads them at scrape time.
 
-Engine first (`gate`, core/engine/handoff/gil_gate.py; CUDA engines): every GIVE_WAY_EVERY deliveries and
-writes, the callback gives way while the engine thread does its host work, so that its next
-launch is queued before the device runs dry; the rest of the pass goes out once the engine waits
-for the device again.
+Engine first (`gate`: stream.engine_first, core/engine/handoff/gil_gate.py): every GIVE_WAY_EVERY
+deliveries and writes, the callback gives way while the engine thread does its host work, so that
+its next launch is queued before the device runs dry; the rest of the pass goes out once the
+engine waits for the device again.
 """
 
 from __future__ import annotations
