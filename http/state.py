@@ -123,4 +123,6 @@ class ServerState:
         if engine is None or disp is None:
             return []
         samples = engine_samples(engine.stats(), engine.ring.wakeups, disp.active)
-        return samples + dispatch_samples(disp.tokens_routed, disp.cpu_seconds)
+        gate = getattr(engine, "gate", None)  # engines without one (test doubles): none
+        parks, parked_s = (gate.parks, gate.parked_s) if gate is not None else (0, 0.0)
+        return samples + dispatch_samples(disp.tokens_routed, disp.cpu_seconds, parks, parked_s)

@@ -100,8 +100,9 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def dispatch_samples(tokens: int, cpu_seconds: float) -> list[Sample]:
-    """The dispatcher's loop-owned counters (no lock per token: read here, at scrape time)."""
+def dispatch_samples(tokens: int, cpu_seconds: float, parks: int = 0, parked_s: float = 0.0) -> list[Sample]:
+    """The dispatcher's loop-owned counters (no lock per token: read here, at scrape time), with
+    the engine gate's parks (stream.engine_first; 0 without one)."""
     return [
         ("rillet_generation_tokens", "Tokens generated (routed to their requests)", "counter", tokens),
         (
@@ -109,6 +110,18 @@ def dispatch_samples(tokens: int, cpu_seconds: float) -> list[Sample]:
             "Event-loop thread CPU time spent routing engine steps and writing direct SSE events",
             "counter",
             cpu_seconds,
+        ),
+        (
+            "rillet_loop_gate_parks",
+            "Times the event loop gave way to the engine's host work",
+            "counter",
+            parks,
+        ),
+        (
+            "rillet_loop_gate_parked_seconds",
+            "Event-loop time parked while the engine did its host work (stream.engine_first)",
+            "counter",
+            parked_s,
         ),
     ]
 
