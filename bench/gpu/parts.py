@@ -235,7 +235,7 @@ def part_d(
     kept = engine.gate
     chat_levels, apis = p.d_concurrency, p.d_apis if apis is None else tuple(apis)
     if gate is not None:
-        engine.gate = engine.core.gate = None if gate == "off" else EngineGate(probe_mode=gate)
+        engine.core.gate = None if gate == "off" else EngineGate(probe_mode=gate)
         chat_levels, apis = p.d_concurrency[-2:], ()
     server = BackgroundServer(engine.cfg).start(engine)
     levels: list[dict[str, Any]] = []
@@ -247,7 +247,7 @@ def part_d(
         server.stop()
         if engine.gate is not None:
             engine.gate.open()
-        engine.gate = engine.core.gate = kept
+        engine.core.gate = kept
     rows = []
     for lv in levels:
         tok = lv["tokens"]

@@ -52,8 +52,7 @@ class _Guarded:
         self.seqs = inner.seqs
 
     def ready(self) -> bool:
-        ready = getattr(self.inner, "ready", None)
-        return ready is not None and bool(ready())
+        return self.inner.ready()
 
     def wait(self) -> SampleResult:
         try:

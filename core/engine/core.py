@@ -176,7 +176,7 @@ class EngineCore(StepLanding):
         if gate is None or launched is None or (self._inflight is None and self.overlap):
             return
         awaited = self._inflight if self._inflight is not None else launched
-        gate.waiting(getattr(awaited, "ready", None))
+        gate.waiting(awaited.ready)
 
     def _launch(self, batch: ScheduledBatch, deltas: list[SeqDelta]) -> InflightStep | None:
         try:

@@ -53,7 +53,6 @@ class Engine:
         self._dead = False
         self._fatal: str | None = None  # set by fail(): the engine thread dies with it
         self._busy = 0.0
-        self.gate: EngineGate | None = None  # stream.engine_first, once loaded (handoff/gil_gate.py)
         # The model is built on the engine thread, which then runs it until shutdown: torch's CPU
         # thread pool is tied to the thread that first used it, and a model built on a thread
         # that later exits decoded ~3.5x slower (measured).
@@ -102,8 +101,7 @@ class Engine:
         state = "off" if self.handoff_s is None else f"on (<= {self.handoff_s * 1000:g} ms)"
         log.info("stream handoff: %s", state)
         hands_off = self.handoff_s is not None
-        self.gate, why = resolve_gate(self.cfg.stream, self.async_launch, hands_off)
-        self.core.gate = self.gate
+        self.core.gate, why = resolve_gate(self.cfg.stream, self.async_launch, hands_off)
         log.info("engine first (the event loop gives way to the engine's host work): %s", why)
 
     def _main(self, progress: Callable[[str, float], None] | None) -> None:
@@ -145,6 +143,11 @@ class Engine:
         thread dies with `reason` before its next step, failing every open request."""
         self._fatal = reason
         self._wake.set()
+
+    @property
+    def gate(self) -> EngineGate | None:
+        """stream.engine_first's gate (handoff/gil_gate.py), the event loop's side of it."""
+        return self.core.gate
 
     @property
     def healthy(self) -> bool:

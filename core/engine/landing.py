@@ -62,7 +62,7 @@ class StepLanding(RunLanding):
         t0 = time.perf_counter()
         gate = self.gate
         if gate is not None:  # the event loop may have the GIL until the step is done
-            gate.waiting(getattr(launched, "ready", None))  # ModelRunner's, the null engine's
+            gate.waiting(launched.ready)  # announced already when the publish came first (core.py)
         try:
             result = launched.wait()
         except FatalRunnerError:

@@ -38,6 +38,11 @@ class InflightStep(Protocol):
 
     def wait(self) -> SampleResult: ...
 
+    def ready(self) -> bool:
+        """True once the device is known to have finished the step; any thread may ask (the event
+        loop's probe, engine/handoff/gil_gate.py)."""
+        ...
+
 
 class Runner(Protocol):
     """What the engine needs from a model: launch one scheduled step; forget a finished sequence.

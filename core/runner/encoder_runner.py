@@ -27,6 +27,9 @@ class _Encoded:
     seqs: list[Seq]  # pooled, none sampled
     pooled: list[Pooled]  # per group, in the order of seqs
 
+    def ready(self) -> bool:
+        return False  # not known before its wait, which copies the vectors to the host
+
     def wait(self) -> SampleResult:
         vectors = [v for p in self.pooled for v in p.to_host()]
         return SampleResult([], [], vectors)

@@ -42,16 +42,20 @@ class _Launched:
     prompt_lps: list[tuple[Seq, int, list[TokenLogprob]]] = field(default_factory=list)
     timed: tuple[DeviceTimeline, StepMarks] | None = None  # CUDA: the step's device span
 
+    @property
+    def done(self) -> torch.cuda.Event | None:
+        """The event after the step's copy to the host (CUDA), None where there is none."""
+        return self.host.done if isinstance(self.host, HostSample) else None
+
     def ready(self) -> bool:
-        """The device has finished the step (any thread: the loop's probe, engine/handoff/gil_gate.py)."""
-        host = self.host
-        return not isinstance(host, HostSample) or host.done is None or host.done.query()
+        done = self.done
+        return done is None or done.query()
 
     def wait(self) -> SampleResult:
         done = None
         try:
             result = self.host.wait()
-            done = self.host.done if isinstance(self.host, HostSample) else None
+            done = self.done
         finally:
             if self.timed is not None:
                 timeline, marks = self.timed
@@ -105,7 +109,7 @@ class ModelRunner:
             self.timeline.end(marks, None)
             raise
         launched.timed = (self.timeline, marks)
-        self.timeline.launched(marks, launched.host.done if isinstance(launched.host, HostSample) else None)
+        self.timeline.launched(marks, launched.done)
         return launched
 
     @torch.inference_mode()

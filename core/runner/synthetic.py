@@ -36,7 +36,6 @@ class _Timed:
     num_sampled: int = -1  # seqs[:num_sampled] sample; -1: all of them
 
     def ready(self) -> bool:
-        """The simulated device has finished the step (the event loop's probe, engine/handoff/gil_gate.py)."""
         return time.perf_counter() >= self.ready_at
 
     def wait(self) -> SampleResult:

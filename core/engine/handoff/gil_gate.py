@@ -45,6 +45,7 @@ class EngineGate:
     """Written by the engine thread (`waiting` / `working`), read by the loop; `open()` from any."""
 
     __slots__ = (
+        "_awaited",
         "_cond",
         "_landed_at",
         "_open",
@@ -62,6 +63,7 @@ class EngineGate:
         self._cond = threading.Condition(threading.Lock())
         self._waiting = True  # until the engine's first step: nothing to give way to
         self._probe: Probe | None = None
+        self._awaited: Probe | None = None  # the step_ready of the wait under way
         self._waits = 0  # how many waits the engine has begun (the loop parks until the next one)
         self._open = False  # for good (the engine stopped): never park again
         self._landed_at = 0.0  # clock probe: when the last device wait ended
@@ -74,7 +76,11 @@ class EngineGate:
     # ---- the engine thread ---------------------------------------------------------------------
     def waiting(self, step_ready: Probe | None = None) -> None:
         """Just before the engine blocks on the device (`step_ready`: the step's completion) or
-        idles (None): the loop may run."""
+        idles (None): the loop may run. Again for the step already announced (the engine marks
+        itself waiting at the publish and again as it lands): nothing, so a loop parked until the
+        engine's next wait stays parked until the next one in truth."""
+        if self._waiting and step_ready is not None and step_ready == self._awaited:
+            return
         probe = None
         if step_ready is not None:
             if self.probe_mode == "device":
@@ -83,7 +89,7 @@ class EngineGate:
                 due = self._landed_at + self._period - CLOCK_MARGIN_S
                 probe = lambda: time.perf_counter() >= due  # noqa: E731
         with self._cond:
-            self._probe = probe
+            self._probe, self._awaited = probe, step_ready
             self._waiting = True
             self._waits += 1
             self._cond.notify_all()
@@ -92,7 +98,7 @@ class EngineGate:
         """The engine holds the GIL again for its host work (`landed`: after a device wait): the
         loop gives way at its next look."""
         self._waiting = False
-        self._probe = None
+        self._probe = self._awaited = None
         if landed:
             now = time.perf_counter()
             if self._landed_at:

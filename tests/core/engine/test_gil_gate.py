@@ -115,3 +115,20 @@ def test_the_config_is_checked_by_key() -> None:
         config_from_dict({"stream": {"engine_first_probe": "psychic"}})
     with pytest.raises(ConfigError, match=r"stream\.engine_first_max_park_ms"):
         config_from_dict({"stream": {"engine_first_max_park_ms": 0}})
+
+
+def test_announcing_the_same_wait_again_is_nothing() -> None:
+    """The engine announces a wait at the publish and again as it lands: one wait, so a loop parked
+    until the engine's next wait is not let go by the repeat."""
+    gate = EngineGate(probe_mode="device")
+
+    def step() -> bool:
+        return True
+
+    gate.waiting(step)
+    waits = gate._waits
+    gate.waiting(step)
+    assert gate._waits == waits
+    gate.working(landed=True)
+    gate.waiting(step)  # the next step's wait (a new launch in the engine)
+    assert gate._waits == waits + 1
