@@ -8,8 +8,11 @@ If the front end falls behind, the engine's ring fills or delivery lags the engi
 drops below 1.
 
     .venv/bin/python -m bench.serving.null_engine [--step-ms 5] [--streams 1 64 256] [--tokens 400]
-        [--repeats 3] [--async --overlap off on] [--prompt-words 0]
+        [--repeats 3] [--async --overlap off on] [--prompt-words 0] [--server-cpus 0 --client-cpus 1]
 
+`--server-cpus 0 --client-cpus 1` pins the server and this client to separate cores (the seed's
+method for the real model): co-located on two cores, the streaming client's own SSE parsing takes
+CPU the server's threads would have had, and that share of the gap is the client's, not the server's.
 `--async` runs the asynchronous null engine (a launch returns at once, tokens ready step-ms later
 on a simulated device timeline, like a GPU); `--overlap off on` runs one server per engine.overlap
 setting, side by side. `--prompt-words N` makes every prompt N words longer (about N tokens: long
@@ -29,12 +32,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import threading
 import time
 from typing import Any
 
-from bench.lib.common import peak_rss_mib, process_cpu, table, write_json
+from bench.lib.common import parse_cpus, peak_rss_mib, process_cpu, table, write_json
 from bench.lib.loadgen import run_level
 from bench.lib.server_proc import RilletServer
 
@@ -198,7 +202,8 @@ def measure(a: argparse.Namespace, overlap: str | None) -> tuple[list[dict[str, 
     if overlap is not None:
         overrides.append(f"engine.overlap={overlap}")
     rows = []
-    with RilletServer(overrides) as srv:
+    cpus = parse_cpus(a.server_cpus) if a.server_cpus else None
+    with RilletServer(overrides, cpus=cpus) as srv:
         asyncio.run(run_level(srv.base_url, "synthetic", 4, 8, 16, True))  # warm-up
         for n in a.streams:
             runs: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
@@ -233,8 +238,12 @@ def main() -> None:
     ap.add_argument("--overlap", nargs="+", choices=["auto", "on", "off"], default=None)
     ap.add_argument("--prompt-words", type=int, default=0, help="longer prompts (about 1 token per word)")
     ap.add_argument("--set", action="append", default=[], help="extra config overrides")
+    ap.add_argument("--server-cpus", help="pin the started server to these cores (e.g. 0)")
+    ap.add_argument("--client-cpus", help="pin this client to these cores (e.g. 1)")
     ap.add_argument("--out", default="bench/out/null_engine.json")
     a = ap.parse_args()
+    if a.client_cpus:
+        os.sched_setaffinity(0, parse_cpus(a.client_cpus))
     rows: list[dict[str, Any]] = []
     rss: dict[str, float | None] = {}
     for overlap in a.overlap or [None]:
@@ -248,6 +257,8 @@ def main() -> None:
             "repeats": a.repeats,
             "async": a.async_engine,
             "prompt_words": a.prompt_words,
+            "server_cpus": a.server_cpus,
+            "client_cpus": a.client_cpus,
             "rows": rows,
             "server_peak_rss_mib": rss,
             "client_peak_rss_mib": peak_rss_mib(),
@@ -256,7 +267,8 @@ def main() -> None:
     print(
         f"server peak RSS {rss} MiB; step {a.step_ms} ms; {a.tokens} tokens per request; "
         f"{a.repeats} runs per mode; {'asynchronous' if a.async_engine else 'synchronous'} null engine; "
-        f"prompts +{a.prompt_words} words"
+        f"prompts +{a.prompt_words} words; server cores {a.server_cpus or 'any'}, client cores "
+        f"{a.client_cpus or 'any'}"
     )
     cols = [
         "overlap",
