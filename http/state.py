@@ -78,6 +78,7 @@ class ServerState:
             cfg.stream.max_buffered_tokens,
             self.metrics,
             getattr(engine, "gate", None),  # engines without one (test doubles): never give way
+            write_last=getattr(engine, "hands_off", True),
         )
         disp.attach(asyncio.get_running_loop())
         self.dispatcher = disp

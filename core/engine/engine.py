@@ -145,6 +145,12 @@ class Engine:
         self._wake.set()
 
     @property
+    def hands_off(self) -> bool:
+        """stream.handoff is on: each model run waits until the event loop has handled the last
+        step's output (its ring release)."""
+        return self.handoff_s is not None
+
+    @property
     def gate(self) -> EngineGate | None:
         """stream.engine_first's gate (handoff/gil_gate.py), the event loop's side of it."""
         return self.core.gate

@@ -8,12 +8,17 @@ engine step and never while the dispatcher is busy. One callback then does every
 task, future or `sleep(0)` hop between the engine and its next step:
 
   1. take every step that piled up (`pop_all`) and route its deltas to their streams; a stream
-     whose socket is free formats its SSE bytes at once (sse.py's direct path) into the outbox;
-     others wake their coroutine;
+     whose socket is free formats its SSE bytes at once (sse.py's direct path); others wake their
+     coroutine;
   2. release the ring: an engine that hands off (`stream.handoff`) starts its next model run;
-  3. write the outbox to the sockets: the last act before the loop parks. A `send` wakes the
-     client's process, which on a busy box can preempt this thread: the engine is not waiting
-     for anything by then.
+  3. with an engine that hands off (`write_last`), write the outbox, the bytes formatted in 1, to
+     the sockets: the last act before the loop parks. A `send` wakes the client's process, which
+     on a busy box can preempt this thread: the engine is not waiting for anything by then.
+Without a handoff (CUDA, the null engine) the engine never waits for the release, and each
+stream's bytes go out as they are formatted, in 1: a `send` releases the GIL, so an engine thread
+that needs it for its host work (landing, scheduling, launching) gets it at the next stream's
+write instead of after the whole pass (issue 25; bench/RESULTS.md 2026-12-04: the null engine's
+streamed steps grew 0.7-2.4 % with the writes held to the end of the pass, -0.4-0.6 % without).
 Counters are plain ints owned by the loop (no lock per token); /metrics reads them at scrape time.
 
 Engine first (`gate`: stream.engine_first, core/engine/handoff/gil_gate.py): every GIVE_WAY_EVERY
@@ -55,8 +60,12 @@ class Dispatcher:
         max_buffered_tokens: int,
         metrics: Metrics | None = None,
         gate: Gate | None = None,
+        write_last: bool = True,
     ) -> None:
+        """`write_last`: the engine hands off (waits for the release): hold each pass's writes
+        until the ring is released (step 3 above); False: write as formatted."""
         self._ring = ring
+        self.write_last = write_last
         self._gate = gate
         self._abort = abort
         self._max_buffered = max_buffered_tokens
@@ -91,7 +100,7 @@ class Dispatcher:
     # ---- registry ------------------------------------------------------------------------------
     def register(self, engine_id: str, stream: RequestStream, base_index: int = 0) -> None:
         """Before `engine.add_request`, so that no delta can arrive unrouted."""
-        stream.outbox = self.outbox
+        stream.outbox = self.outbox if self.write_last else None
         self._routes[engine_id] = (stream, base_index)
 
     def unregister(self, engine_id: str) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 
+import pytest
 from rillet.core.outputs import SeqDelta, StepOutput
 from rillet.core.ring import SpscRing
 from rillet.http.stream.dispatcher import Dispatcher
@@ -111,13 +112,16 @@ class _Socket:
         self(data)
 
 
-def test_the_dispatcher_routes_releases_then_writes() -> None:
-    """Route and format, release the engine, then write to the socket: no client woken by a send
-    can stand between the engine and its next model run."""
+@pytest.mark.parametrize("write_last", [True, False])
+def test_the_dispatcher_routes_releases_then_writes(write_last: bool) -> None:
+    """With an engine that hands off: route and format, release the engine, then write to the
+    socket, so that no client woken by a send can stand between the engine and its next model
+    run. Without one, each write goes out as it is formatted, before the release: its `send`
+    lets an engine thread waiting for the GIL in at once."""
 
     async def scenario() -> tuple[list[tuple[bytes, bool]], bool]:
         ring: SpscRing[StepOutput] = SpscRing(16)
-        disp = Dispatcher(ring, lambda rid: None, 10_000)
+        disp = Dispatcher(ring, lambda rid: None, 10_000, write_last=write_last)
         stream = RequestStream("r", 1)
         disp.register("r", stream)
         socket = _Socket(ring)
@@ -138,4 +142,4 @@ def test_the_dispatcher_routes_releases_then_writes() -> None:
         return socket.writes, released[0]
 
     writes, released = asyncio.run(scenario())
-    assert writes == [(b"x", True)] and released
+    assert writes == [(b"x", write_last)] and released

@@ -153,16 +153,19 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-async def _run(s: Scenario, fmt: EventFormat | None = None, direct: bool = True) -> bytes:
+async def _run(
+    s: Scenario, fmt: EventFormat | None = None, direct: bool = True, write_last: bool = True
+) -> bytes:
     """`fmt`: another API's format (default: the scenario's OpenAI chunks); `direct` off: every
-    event goes through the pump (`piece`), never the fast path."""
+    event goes through the pump (`piece`), never the fast path; `write_last` off: the dispatcher
+    writes as it formats (an engine without handoff), not after its pass."""
     transport = Capture()
 
     async def write(data: bytes) -> None:  # aiohttp's own writes: the same chunked framing
         transport.write(b"%x\r\n%b\r\n" % (len(data), data))
 
     ring: SpscRing[StepOutput] = SpscRing(64)
-    disp = Dispatcher(ring, abort=lambda rid: None, max_buffered_tokens=10_000)
+    disp = Dispatcher(ring, abort=lambda rid: None, max_buffered_tokens=10_000, write_last=write_last)
     stream = RequestStream("r", s.n)
     disp.register("r", stream)
     if fmt is None:
@@ -196,15 +199,16 @@ async def _run(s: Scenario, fmt: EventFormat | None = None, direct: bool = True)
     return bytes(transport.data)
 
 
-def wire(name: str) -> str:
-    body = asyncio.run(_run(SCENARIOS[name])).decode()
+def wire(name: str, write_last: bool = True) -> str:
+    body = asyncio.run(_run(SCENARIOS[name], write_last=write_last)).decode()
     return re.sub(r"call_[0-9a-f]{24}", "call_X", body)  # tool call ids are random
 
 
+@pytest.mark.parametrize("write_last", [True, False])
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
-def test_sse_bytes_equal_the_golden_copy(name: str) -> None:
+def test_sse_bytes_equal_the_golden_copy(name: str, write_last: bool) -> None:
     golden = json.loads(GOLDEN.read_text())
-    assert wire(name) == golden[name]
+    assert wire(name, write_last) == golden[name]
 
 
 def test_the_golden_copy_covers_every_scenario() -> None:
