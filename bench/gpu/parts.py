@@ -225,19 +225,23 @@ def part_d(
     """`apis`: the endpoints after chat (default p.d_apis). `gate`: a variant on the same engine,
     chat only at its two highest levels, with the event loop's engine gate (stream.engine_first,
     core/engine/handoff/gil_gate.py) off, or on with that probe (device, clock, none): what giving way to
-    the engine's host work buys. Swapped between steps: the engine is idle between parts."""
+    the engine's host work buys; `last`: gate off, and each routing pass's writes held until its
+    end, the order before de082c1 (http/stream/dispatcher.py's `write_last`), against `off`.
+    Swapped between steps: the engine is idle between parts."""
     from rillet.core.engine.handoff.gil_gate import EngineGate
     from rillet.http.background import BackgroundServer
 
     engine = llm.engine
-    if gate not in (None, "off") and not engine.async_launch:  # as resolve_gate refuses it
+    if gate not in (None, "off", "last") and not engine.async_launch:  # as resolve_gate refuses it
         return Part({"gate": gate}, [row(f"(d) gate {gate}", verdict="SKIP", note="launches run the model")])
     kept = engine.gate
     chat_levels, apis = p.d_concurrency, p.d_apis if apis is None else tuple(apis)
     if gate is not None:
-        engine.core.gate = None if gate == "off" else EngineGate(probe_mode=gate)
+        engine.core.gate = None if gate in ("off", "last") else EngineGate(probe_mode=gate)
         chat_levels, apis = p.d_concurrency[-2:], ()
     server = BackgroundServer(engine.cfg).start(engine)
+    if gate == "last" and server.state.dispatcher is not None:  # read as each stream registers
+        server.state.dispatcher.write_last = True
     levels: list[dict[str, Any]] = []
     try:
         levels += _client(p, module, server.base_url, llm.engine.model_name, "chat", chat_levels)

@@ -158,16 +158,17 @@ def test_only_runs_the_selected_parts(tmp_path: Path) -> None:
 
 def test_d_reads_the_engine_per_mode_and_runs_the_gate_variants_on_one_engine(tmp_path: Path) -> None:
     res = _results(tmp_path, 300)
-    gpu_check.run_all(res, {"d"}, d_apis=[], d_gates=["off", "none"])
+    gpu_check.run_all(res, {"d"}, d_apis=[], d_gates=["off", "last", "none"])
     levels = res.parts["(d) stream vs non-stream"]["levels"]
     assert [lv.get("api", "chat") for lv in levels] == ["chat"] * 2  # --d-apis with none: chat only
     for lv in levels:
         for key in ("host_ms_per_step", "wall_ms_per_step", "loop_us_per_token", "client_us_per_token"):
             assert all(v is not None and v > 0 for v in lv[key].values()), (key, lv[key])
         assert lv["device_busy_ms_per_step"] == {"nonstream": 0.0, "stream": 0.0}  # CUDA only
-    off = res.parts["(d) engine gate off"]
-    assert off["gate"] == "off" and len(off["levels"]) == 2
-    assert all(lv["errors"] == 0 for lv in off["levels"])
+    for variant in ("off", "last"):  # last: the writes held to each pass's end (a CPU model's anyway)
+        part = res.parts[f"(d) engine gate {variant}"]
+        assert part["gate"] == variant and len(part["levels"]) == 2
+        assert all(lv["errors"] == 0 for lv in part["levels"])
     # a CPU model's launch runs the model: no device wait to give way in (resolve_gate refuses it)
     assert res.parts["(d) engine gate none"]["gate"] == "none"
     assert {r["part"]: r["verdict"] for r in res.rows}["(d) gate none"] == "SKIP"
