@@ -40,6 +40,7 @@ from bench.lib.common import REPO
 # next step. The engine (the target's row) overlaps the host prep of step N+1 with step N's replay
 # (issue 14), so the step row only says how much host time there is to hide.
 STEP_NOTE = "runner.step, no overlap"
+GATE_OFF = ("off", "last")  # (d)'s variants without the engine gate (last: the old write order too)
 
 
 def graph_stats(llm: LLM) -> dict[str, Any]:
@@ -232,12 +233,12 @@ def part_d(
     from rillet.http.background import BackgroundServer
 
     engine = llm.engine
-    if gate not in (None, "off", "last") and not engine.async_launch:  # as resolve_gate refuses it
+    if gate is not None and gate not in GATE_OFF and not engine.async_launch:  # as resolve_gate refuses it
         return Part({"gate": gate}, [row(f"(d) gate {gate}", verdict="SKIP", note="launches run the model")])
     kept = engine.gate
     chat_levels, apis = p.d_concurrency, p.d_apis if apis is None else tuple(apis)
     if gate is not None:
-        engine.core.gate = None if gate in ("off", "last") else EngineGate(probe_mode=gate)
+        engine.core.gate = None if gate in GATE_OFF else EngineGate(probe_mode=gate)
         chat_levels, apis = p.d_concurrency[-2:], ()
     server = BackgroundServer(engine.cfg).start(engine)
     if gate == "last" and server.state.dispatcher is not None:  # read as each stream registers

@@ -6,7 +6,9 @@ Benchmarks are modules of the `bench` package, run from the repository root:
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import platform
 import resource
 import sys
@@ -65,6 +67,21 @@ def thread_user_cpu(pid: int | None, task: int) -> float | None:
 def parse_cpus(spec: str) -> set[int]:
     """A --server-cpus / --client-cpus value ("0" or "0,1") -> the cores."""
     return {int(c) for c in spec.split(",")}
+
+
+def add_pinning(ap: argparse.ArgumentParser) -> None:
+    """--server-cpus / --client-cpus: the seed's method pins the started server and this client
+    to separate cores (`pin_client` applies them)."""
+    ap.add_argument("--server-cpus", help="pin every started server to these cores (e.g. 0 or 0,1)")
+    ap.add_argument("--client-cpus", help="pin this client to these cores (e.g. 1)")
+
+
+def pin_client(args: argparse.Namespace) -> set[int] | None:
+    """Pins this process to --client-cpus (if given); returns the cores for the servers it starts
+    (None: anywhere)."""
+    if args.client_cpus:
+        os.sched_setaffinity(0, parse_cpus(args.client_cpus))
+    return parse_cpus(args.server_cpus) if args.server_cpus else None
 
 
 def peak_rss_mib() -> float:

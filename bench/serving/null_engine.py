@@ -32,13 +32,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import threading
 import time
 from typing import Any
 
-from bench.lib.common import parse_cpus, peak_rss_mib, process_cpu, table, write_json
+from bench.lib.common import add_pinning, peak_rss_mib, pin_client, process_cpu, table, write_json
 from bench.lib.loadgen import run_level
 from bench.lib.server_proc import RilletServer
 
@@ -193,7 +192,9 @@ def aggregate(runs: list[dict[str, Any]], streams: int, stream: bool) -> dict[st
     }
 
 
-def measure(a: argparse.Namespace, overlap: str | None) -> tuple[list[dict[str, Any]], float | None]:
+def measure(
+    a: argparse.Namespace, overlap: str | None, cpus: set[int] | None
+) -> tuple[list[dict[str, Any]], float | None]:
     top = max(a.streams)
     prompt = long_prompt(a.prompt_words)
     overrides = [*null_engine_overrides(top, a.tokens, a.step_ms, a.prompt_words + 64), *a.set]
@@ -202,7 +203,6 @@ def measure(a: argparse.Namespace, overlap: str | None) -> tuple[list[dict[str, 
     if overlap is not None:
         overrides.append(f"engine.overlap={overlap}")
     rows = []
-    cpus = parse_cpus(a.server_cpus) if a.server_cpus else None
     with RilletServer(overrides, cpus=cpus) as srv:
         asyncio.run(run_level(srv.base_url, "synthetic", 4, 8, 16, True))  # warm-up
         for n in a.streams:
@@ -238,16 +238,14 @@ def main() -> None:
     ap.add_argument("--overlap", nargs="+", choices=["auto", "on", "off"], default=None)
     ap.add_argument("--prompt-words", type=int, default=0, help="longer prompts (about 1 token per word)")
     ap.add_argument("--set", action="append", default=[], help="extra config overrides")
-    ap.add_argument("--server-cpus", help="pin the started server to these cores (e.g. 0)")
-    ap.add_argument("--client-cpus", help="pin this client to these cores (e.g. 1)")
+    add_pinning(ap)
     ap.add_argument("--out", default="bench/out/null_engine.json")
     a = ap.parse_args()
-    if a.client_cpus:
-        os.sched_setaffinity(0, parse_cpus(a.client_cpus))
+    cpus = pin_client(a)
     rows: list[dict[str, Any]] = []
     rss: dict[str, float | None] = {}
     for overlap in a.overlap or [None]:
-        got, rss[overlap or "auto"] = measure(a, overlap)
+        got, rss[overlap or "auto"] = measure(a, overlap, cpus)
         rows += got
     write_json(
         a.out,

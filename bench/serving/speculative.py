@@ -36,13 +36,12 @@ counters in bench/lib/spec_client.py.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
 import openai
 
-from bench.lib.common import parse_cpus, peak_rss_mib, table, write_json
+from bench.lib.common import add_pinning, peak_rss_mib, pin_client, table, write_json
 from bench.lib.rounds import Row, merge, per_round
 from bench.lib.server_proc import RilletServer
 from bench.lib.spec_client import Batch, batch, spec_counters
@@ -130,13 +129,10 @@ def main() -> None:
         "--set", dest="sets", action="append", default=[], help="override for every started server"
     )
     ap.add_argument("--external", action="append", default=[], help="NAME=URL of a running server (…/v1)")
-    ap.add_argument("--server-cpus", help="pin every started server to these cores (e.g. 0)")
-    ap.add_argument("--client-cpus", help="pin this client to these cores (e.g. 1)")
+    add_pinning(ap)
     ap.add_argument("--out", default="bench/out/speculative.json")
     args = ap.parse_args()
-    if args.client_cpus:
-        os.sched_setaffinity(0, parse_cpus(args.client_cpus))
-    server_cpus = parse_cpus(args.server_cpus) if args.server_cpus else None
+    server_cpus = pin_client(args)
     from rillet.core.loaders.default_model import default_model_path
 
     table_of = modes(str(default_model_path()))

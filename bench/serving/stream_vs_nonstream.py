@@ -37,7 +37,7 @@ from typing import Any
 
 import openai
 
-from bench.lib.common import parse_cpus, table, write_json
+from bench.lib.common import add_pinning, pin_client, table, write_json
 from bench.lib.sdk_client import make_clients
 from bench.lib.server_proc import RilletServer
 from bench.lib.timed_batch import Batch, run_batch
@@ -204,8 +204,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="batches per mode and concurrency")
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--out", help="JSON path (default: bench/out/stream_vs_nonstream[_API].json)")
-    ap.add_argument("--server-cpus", help="pin the started server to these cores (e.g. 0 or 0,1)")
-    ap.add_argument("--client-cpus", help="pin this client to these cores (e.g. 1)")
+    add_pinning(ap)
     ap.add_argument(
         "--server-python", help="the interpreter of the server to start (another checkout's venv)"
     )
@@ -216,8 +215,7 @@ def main() -> None:
         "CPU the server leaves idle, as a client on another machine would take none",
     )
     args = ap.parse_args()
-    if args.client_cpus:
-        os.sched_setaffinity(0, parse_cpus(args.client_cpus))
+    cpus = pin_client(args)
     if args.out is None:
         suffix = "" if args.api == "chat" else f"_{args.api}"
         args.out = f"bench/out/stream_vs_nonstream{suffix}.json"
@@ -227,7 +225,6 @@ def main() -> None:
         base_url = args.base_url
         if base_url is None:
             print("starting rillet serve ...", file=sys.stderr)
-            cpus = parse_cpus(args.server_cpus) if args.server_cpus else None
             server = stack.enter_context(RilletServer(args.sets, cpus=cpus, python=args.server_python))
             base_url = server.base_url
         pid = server.proc.pid if server and server.proc else None
