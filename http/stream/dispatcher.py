@@ -22,9 +22,10 @@ streamed steps grew 0.7-2.4 % with the writes held to the end of the pass, -0.4-
 Counters are plain ints owned by the loop (no lock per token); /metrics reads them at scrape time.
 
 Engine first (`gate`: stream.engine_first, core/engine/handoff/gil_gate.py): every GIVE_WAY_EVERY
-deliveries and writes, the callback gives way while the engine thread does its host work, so that
-its next launch is queued before the device runs dry; the rest of the pass goes out once the
-engine waits for the device again.
+deliveries (each with its write: a gate comes only with an engine that does not hand off), the
+callback gives way while the engine thread does its host work, so that its next launch is queued
+before the device runs dry; the rest of the pass goes out once the engine waits for the device
+again.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from rillet.http.stream.waker import Waker
 
 log = logging.getLogger(__name__)
 
-GIVE_WAY_EVERY = 4  # streams delivered / writes made between two looks at the engine gate
+GIVE_WAY_EVERY = 4  # streams delivered between two looks at the engine gate
 
 
 class Gate(Protocol):
@@ -139,10 +140,7 @@ class Dispatcher:
     def write_outbox(self) -> None:
         outbox = self.outbox
         if outbox:
-            gate = self._gate
-            for i, (write, data) in enumerate(outbox):
-                if gate is not None and i % GIVE_WAY_EVERY == 0:
-                    gate.give_way()
+            for write, data in outbox:
                 write(data)
             outbox.clear()
 
