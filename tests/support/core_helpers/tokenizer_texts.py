@@ -1,6 +1,6 @@
 """The texts the tokenizer tests encode and decode: spaces, tabs and newlines, code and markup,
 many scripts, emoji (with ZWJ sequences and flags), special tokens and look-alikes, control
-characters, and one long text."""
+characters, and two long texts (the second past the length encoded without the GIL)."""
 
 from __future__ import annotations
 
@@ -53,4 +53,6 @@ TEXTS = [
     "\x00 control \x07 characters \x1b[0m",
     "\ufffd replacement char",
     "lorem ipsum dolor sit amet " * 40,
+    # past GIL_FREE_CHARS (core/tokenizer/tokenizer.py): the path that releases the GIL
+    "<|im_start|>user\n" + "mixed 日本 and English 😀, code: def f(x): return x ** 2\n" * 60 + "<|im_end|>\n",
 ]
