@@ -21,9 +21,10 @@ from rillet.http.openai.protocol import GenRequest, Limits, parse_chat, parse_co
 from rillet.http.state import ServerState
 
 STATE: web.AppKey[ServerState] = web.AppKey("rillet_state", ServerState)
-# Bodies above this are parsed and tokenized off the event loop, so a huge prompt does not stall
-# the streams being served; small ones are cheaper inline than a thread hop.
-_INLINE_PARSE_BYTES = 32 * 1024
+# Prompts above this are parsed and tokenized off the event loop, so a long prompt does not stall
+# the streams being served; small ones are cheaper inline than a thread hop (~0.1 ms). 8 KiB of
+# text is ~2 ms of tokenizing here (bench/RESULTS.md): the longest the loop stops for one request.
+INLINE_PARSE_BYTES = 8 * 1024
 
 Parser = Callable[[dict[str, Any], Any, Limits], GenRequest]
 T = TypeVar("T")
@@ -75,9 +76,13 @@ async def _generate(request: web.Request, parser: Parser) -> web.StreamResponse:
         state.end()
 
 
-async def off_loop(request: web.Request, fn: Callable[..., T], *args: Any) -> T:
-    """`fn(*args)`: parsing and tokenizing a body, inline when the body is small, else on a worker."""
-    if (request.content_length or 0) <= _INLINE_PARSE_BYTES:
+async def off_loop(request: web.Request, fn: Callable[..., T], *args: Any, extra_bytes: int = 0) -> T:
+    """`fn(*args)`: parsing and tokenizing a body, inline when the prompt is small, else on a
+    worker. `extra_bytes`: prompt text the body does not carry (a stored conversation it continues)."""
+    size = request.content_length
+    if size is None:  # a chunked body: aiohttp keeps it once read (read_json), so this costs nothing
+        size = len(await request.read())
+    if size + extra_bytes <= INLINE_PARSE_BYTES:
         return fn(*args)
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(None, fn, *args)
@@ -103,7 +108,7 @@ async def embeddings(request: web.Request) -> web.Response:
         limits = state.limits
         assert limits is not None
         args = (body, engine.tokenizer, limits, size)
-        if (request.content_length or 0) <= _INLINE_PARSE_BYTES:
+        if (request.content_length or 0) <= INLINE_PARSE_BYTES:
             req = parse_embeddings(*args)
         else:
             req = await asyncio.get_running_loop().run_in_executor(None, parse_embeddings, *args)

@@ -66,13 +66,16 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     try:
         body = await read_json(request)
         previous = None
+        history = 0
         prev_id = previous_response_id(body)
         if prev_id is not None:
             stored = state.responses.get(prev_id)
             if stored is None:
                 raise _not_found(prev_id, "previous_response_id")
-            previous = stored.messages
-        req = await off_loop(request, parse_responses, body, engine.tokenizer, state.limits, previous)
+            previous, history = stored.messages, stored.size
+        req = await off_loop(
+            request, parse_responses, body, engine.tokenizer, state.limits, previous, extra_bytes=history
+        )
         await prepare_grammars(req.gen, engine, state.cfg.structured.compile_timeout_s)
         front = ResponsesFront(req, req.gen.lora or engine.model_name, state.responses if req.store else None)
         return await run_generation(request, state, engine, req.gen, front)

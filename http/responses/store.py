@@ -14,12 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 
 @dataclass(frozen=True)
 class Stored:
     response: dict[str, Any]
     messages: list[dict[str, Any]]
     expires: float
+    size: int = 0  # the conversation's bytes as JSON: how much a request continuing it parses
 
 
 class ResponseStore:
@@ -37,7 +40,7 @@ class ResponseStore:
             return
         now = self._clock()
         self._expire(now)
-        self._entries[rid] = Stored(response, messages, now + self._ttl)
+        self._entries[rid] = Stored(response, messages, now + self._ttl, len(orjson.dumps(messages)))
         while len(self._entries) > self._size:
             self._entries.popitem(last=False)
 

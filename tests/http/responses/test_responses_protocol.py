@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 from fake_engine import FakeTokenizer
 from rillet.http.openai.errors import ApiError
@@ -111,6 +112,15 @@ def test_the_store_is_bounded_and_expires() -> None:
     empty = ResponseStore(0, 10.0)
     empty.put("x", {}, [])
     assert empty.get("x") is None
+
+
+def test_a_stored_conversation_knows_its_size() -> None:
+    """What a request continuing it parses beyond its own body (off_loop's extra_bytes)."""
+    store = ResponseStore(2, 10.0)
+    messages = [{"role": "user", "content": "x" * 5000}, {"role": "assistant", "content": "ok"}]
+    store.put("r", {}, messages)
+    stored = store.get("r")
+    assert stored is not None and stored.size == len(orjson.dumps(messages)) > 5000
 
 
 def test_content_parts_name_the_spot_they_refuse() -> None:
