@@ -1,14 +1,14 @@
-"""Do long prompts arriving stall the streams being served? The null engine (asynchronous by
-default, with host work on the GIL: the GPU's stand-in) streams `--streams` requests while long
-non-streamed requests (one token each) arrive every `--every-ms`; each stream's gaps between two
-SSE events are recorded. A prompt tokenized while holding the GIL, or parsed on the event loop,
-shows as a gap far above the engine's step time.
+"""Long prompts arriving while streams are served: every request completes, and how long the
+streams stall. The null engine (asynchronous by default, with host work on the GIL: the GPU's
+stand-in) streams `--streams` requests while long non-streamed requests (one token each) arrive
+every `--every-ms`; each stream's gaps between two SSE events are recorded. A prompt tokenized
+while holding the GIL, or parsed on the event loop, shows as a gap far above the step time.
 
-    .venv/bin/python -m bench.serving.long_prompt_stall
-    .venv/bin/python -m bench.serving.long_prompt_stall --prompt-kib 0 6 24 96 --streams 16
+    .venv/bin/python -m bench.stress.long_prompts
+    .venv/bin/python -m bench.stress.long_prompts --prompt-kib 0 6 24 96 --streams 16
 
 Prints a table last (a row per prompt size; 0 = no long prompts) and writes JSON with the
-server's peak RSS.
+server's peak RSS. Exit status 1 if any request failed.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -34,8 +35,11 @@ async def stream_gaps(session: aiohttp.ClientSession, url: str, tokens: int) -> 
     gaps: list[float] = []
     last = None
     async with session.post(url, json=chat_body("synthetic", "go", tokens, True)) as resp:
-        assert resp.status == 200, await resp.text()
-        async for _ in resp.content.iter_any():
+        if resp.status != 200:
+            raise RuntimeError(f"stream: HTTP {resp.status}: {(await resp.text())[:200]}")
+        async for chunk in resp.content.iter_any():
+            if b'"error"' in chunk:
+                raise RuntimeError(f"stream: an error event: {chunk[:200]!r}")
             now = time.perf_counter()
             if last is not None:
                 gaps.append(now - last)
@@ -53,7 +57,8 @@ async def long_prompts(
     while not done.is_set():
         body = chat_body("synthetic", f"{sent} {prompt}", 1, False)
         async with session.post(url, json=body) as resp:
-            assert resp.status == 200, await resp.text()
+            if resp.status != 200:
+                raise RuntimeError(f"long prompt: HTTP {resp.status}: {(await resp.text())[:200]}")
             await resp.read()
         sent += 1
         await asyncio.sleep(every_s)
@@ -92,7 +97,7 @@ def main() -> None:
     ap.add_argument("--sync", action="store_true", help="the synchronous null engine instead")
     ap.add_argument("--set", action="append", default=[], help="extra config overrides")
     add_pinning(ap)
-    ap.add_argument("--out", default="bench/out/long_prompt_stall.json")
+    ap.add_argument("--out", default="bench/out/long_prompts.json")
     a = ap.parse_args()
     cpus = pin_client(a)
     prompt_tokens = max(a.prompt_kib) * 1024 // 4 + 256
@@ -105,10 +110,14 @@ def main() -> None:
         overrides += ["model.synthetic_async=true", f"model.synthetic_host_ms={a.host_ms}"]
     rows: list[dict[str, Any]] = []
     with RilletServer(overrides, cpus=cpus) as srv:
-        asyncio.run(one_level(srv.base_url, 4, 16, 0, 1.0))  # warm-up
-        for kib in a.prompt_kib:
-            rows.append(asyncio.run(one_level(srv.base_url, a.streams, a.tokens, kib, a.every_ms / 1000)))
-            print(f"  {kib} KiB: max gap {rows[-1]['max_gap_ms']:.1f} ms", flush=True)
+        try:
+            asyncio.run(one_level(srv.base_url, 4, 16, 0, 1.0))  # warm-up
+            for kib in a.prompt_kib:
+                rows.append(asyncio.run(one_level(srv.base_url, a.streams, a.tokens, kib, a.every_ms / 1000)))
+                print(f"  {kib} KiB: max gap {rows[-1]['max_gap_ms']:.1f} ms", flush=True)
+        except RuntimeError as exc:
+            print(f"FAILED: {exc}")
+            sys.exit(1)
         rss = srv.peak_rss_mib()
     write_json(a.out, {"args": vars(a), "server_peak_rss_mib": rss, "rows": rows})
     engine = "synchronous" if a.sync else f"asynchronous, {a.host_ms} ms host a step"
