@@ -107,11 +107,7 @@ async def embeddings(request: web.Request) -> web.Response:
         body = await read_json(request)
         limits = state.limits
         assert limits is not None
-        args = (body, engine.tokenizer, limits, size)
-        if (request.content_length or 0) <= INLINE_PARSE_BYTES:
-            req = parse_embeddings(*args)
-        else:
-            req = await asyncio.get_running_loop().run_in_executor(None, parse_embeddings, *args)
+        req = await off_loop(request, parse_embeddings, body, engine.tokenizer, limits, size)
         return await run_embeddings(state, engine, req)
     finally:
         state.end()
