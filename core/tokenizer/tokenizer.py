@@ -107,9 +107,9 @@ class Tokenizer:
         works. A short text keeps `encode`: releasing and taking the GIL back costs more there
         (another thread waiting for it runs first)."""
         if len(text) < GIL_FREE_CHARS:
-            short: list[int] = self._backend.encode(text, add_special_tokens=add_special_tokens).ids
-            return short
-        (enc,) = self._backend.encode_batch([text], add_special_tokens=add_special_tokens)
+            enc = self._backend.encode(text, add_special_tokens=add_special_tokens)
+        else:
+            (enc,) = self._backend.encode_batch([text], add_special_tokens=add_special_tokens)
         ids: list[int] = enc.ids
         return ids
 

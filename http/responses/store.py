@@ -22,7 +22,7 @@ class Stored:
     response: dict[str, Any]
     messages: list[dict[str, Any]]
     expires: float
-    size: int = 0  # the conversation's bytes as JSON: how much a request continuing it parses
+    size: int  # the conversation's bytes as JSON: how much a request continuing it parses
 
 
 class ResponseStore:
