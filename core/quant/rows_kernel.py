@@ -22,16 +22,15 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import time
 from pathlib import Path
 
 import torch
+from rillet.core.quant.build_lock import exclusive_build
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "kernels" / "int4_rows.cpp"
 NAME = "rillet_int4_rows"  # the extension's name: its build folder under TORCH_EXTENSIONS_DIR
-STALE_LOCK_S = 600.0  # a build lock older than this was left by a killed build
 TILE = 32  # output columns per tile pair of the packed layout
 GROUP = 32  # inputs per scale and zero
 # "aten": keep torch's kernel (A/B benchmarks, a suspected bug); "rillet": this one wherever it
@@ -71,35 +70,22 @@ def available() -> bool:
     try:
         from torch.utils import cpp_extension
 
-        _drop_stale_lock(Path(cpp_extension._get_build_directory(NAME, verbose=False)))
-        cpp_extension.load(
-            NAME,
-            [str(SOURCE)],
-            extra_cflags=["-O3", "-fopenmp"],  # at::parallel_for is OpenMP pragmas in ATen's headers
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-            verbose=False,
-        )
+        # torch's own lock may be one a killed build left; build_lock.py tells which
+        with exclusive_build(Path(cpp_extension._get_build_directory(NAME, verbose=False))):
+            cpp_extension.load(
+                NAME,
+                [str(SOURCE)],
+                extra_cflags=["-O3", "-fopenmp"],  # at::parallel_for is OpenMP pragmas in ATen's headers
+                extra_ldflags=["-fopenmp"],
+                is_python_module=False,
+                verbose=False,
+            )
     except (OSError, RuntimeError, ImportError) as exc:  # no compiler, no ninja, a failed build
         log.warning("int4: rillet's kernel did not build (%s); using torch's", exc)
         return False
     torch.library.register_fake("rillet::int4_rows_mm")(_fake)
     torch.library.register_fake("rillet::int4_rows_mm_with")(_fake_with)
     return True
-
-
-def _drop_stale_lock(build_dir: Path) -> None:
-    """torch's builder waits, forever, while another process's build holds `lock` in the build
-    folder; a process killed mid-build (a server stopped during its first start) leaves it behind.
-    A build takes ~25 s: a lock older than STALE_LOCK_S is such a leftover."""
-    lock = build_dir / "lock"
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except OSError:
-        return  # no lock: nobody is building
-    if age > STALE_LOCK_S:
-        log.warning("int4: removing %s, left %.0f s ago by a build that did not finish", lock, age)
-        lock.unlink(missing_ok=True)
 
 
 def _fake(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, n: int) -> torch.Tensor:

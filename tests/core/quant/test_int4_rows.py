@@ -170,21 +170,6 @@ def test_a_saved_step_calls_the_kernel_through_its_extern_nodes(tmp_path: Path) 
         torch.testing.assert_close(run(batch)[0], m(batch), atol=0, rtol=0)
 
 
-def test_a_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_kept(tmp_path: Path) -> None:
-    """torch's extension builder would wait forever on a lock whose build was killed."""
-    import os
-
-    lock = tmp_path / "lock"
-    lock.touch()
-    rows_kernel._drop_stale_lock(tmp_path)
-    assert lock.exists()  # a build may be running
-    old = lock.stat().st_mtime - rows_kernel.STALE_LOCK_S - 1
-    os.utime(lock, (old, old))
-    rows_kernel._drop_stale_lock(tmp_path)
-    assert not lock.exists()
-    rows_kernel._drop_stale_lock(tmp_path)  # no lock: nothing to do
-
-
 def test_a_failed_build_leaves_torchs_kernel(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
