@@ -39,6 +39,7 @@ from typing import Any
 
 from bench.lib.common import add_pinning, peak_rss_mib, pin_client, process_cpu, table, write_json
 from bench.lib.loadgen import run_level
+from bench.lib.ratio_ci import ratio_ci
 from bench.lib.server_proc import RilletServer
 
 
@@ -217,12 +218,14 @@ def measure(
             ]
             s_row["stream_vs_nonstream"] = s_row["delivered_tok_s"] / ns_row["delivered_tok_s"]
             s_row["svn_min"], s_row["svn_max"] = min(pairs), max(pairs)
+            s_row["svn_ci95"] = ratio_ci(pairs).text()  # the runs' geometric mean [95 % interval]
             for row in (s_row, ns_row):
                 row["overlap"] = overlap or "auto"
             rows += [s_row, ns_row]
             print(
                 f"  overlap={overlap or 'auto'} streams={n}: step {s_row['step_ms']:.2f} / "
-                f"{ns_row['step_ms']:.2f} ms, stream/non-stream {s_row['stream_vs_nonstream']:.3f}",
+                f"{ns_row['step_ms']:.2f} ms, stream/non-stream {s_row['stream_vs_nonstream']:.3f} "
+                f"(runs {s_row['svn_ci95']})",
                 flush=True,
             )
         return rows, srv.peak_rss_mib()
@@ -284,6 +287,7 @@ def main() -> None:
         "stream_vs_nonstream",
         "svn_min",
         "svn_max",
+        "svn_ci95",
         "errors",
     ]
     print(table(rows, cols))

@@ -5,7 +5,9 @@ For each concurrency C, batches of C simultaneous chat requests (greedy, `--max-
 ignore_eos so every request makes exactly that many) alternate between non-streaming and
 streaming in ABBA order, so drift (thermal, other load) hits both alike. Tokens are counted from `usage`
 (streams ask for it with stream_options.include_usage). The ratio is streaming tok/s over
-non-streaming tok/s; 1.0 means streaming is free.
+non-streaming tok/s; 1.0 means streaming is free. Beside it, the pairs' geometric mean ratio with
+its 95 % bootstrap interval (bench/lib/ratio_ci.py): a target inside the interval is not settled by
+the run, whichever side of it the point fell (single pairs spread +-5-15 % on a shared 2-core VM).
 
     python -m bench.serving.stream_vs_nonstream              # starts `rillet serve` on the default model
     python -m bench.serving.stream_vs_nonstream --set model.kind=synthetic --set model.synthetic_step_ms=5
@@ -38,6 +40,7 @@ from typing import Any
 import openai
 
 from bench.lib.common import add_pinning, pin_client, table, write_json
+from bench.lib.ratio_ci import ratio_ci
 from bench.lib.sdk_client import make_clients
 from bench.lib.server_proc import RilletServer
 from bench.lib.timed_batch import Batch, run_batch
@@ -69,6 +72,7 @@ def measure(
     # Batch i of each mode ran back to back (ABBA), so their ratio cancels slow drift of the
     # machine's speed, which on a shared 2-core VM is ~10 % from one batch to the next.
     pairs = [(s.tokens / s.wall_s) / (p.tokens / p.wall_s) for p, s in zip(plain, streamed, strict=True)]
+    ci = ratio_ci(pairs)
 
     def cpu_ms_per_token(batches: list[Batch], side: str) -> float | None:
         values = [getattr(b, side) for b in batches]
@@ -93,6 +97,8 @@ def measure(
         "ratio": s_rate / p_rate,
         "pair_ratios": pairs,
         "median_pair_ratio": statistics.median(pairs),
+        # the pairs' geometric mean and its 95 % bootstrap interval (bench/lib/ratio_ci.py)
+        "pair_ratio_ci95": {"mean": ci.mean, "low": ci.low, "high": ci.high},
         "stream_chunks_per_token": sum(b.chunks for b in streamed) / max(1, sum(b.tokens for b in streamed)),
         "stream_mean_ttft_s": sum(ttfts) / len(ttfts),
         "client_cpu_ms_per_token": {
@@ -135,6 +141,10 @@ def _minus_us(d: dict[str, float | None]) -> str:
     return f"{1000 * (d['stream'] - d['nonstream']):.1f}"
 
 
+def _ci_text(pairs: list[float]) -> str:
+    return ratio_ci(pairs).text()
+
+
 def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         {
@@ -145,6 +155,7 @@ def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "pair ratios median [min, max]": "{:.3f} [{:.3f}, {:.3f}]".format(
                 r["median_pair_ratio"], min(r["pair_ratios"]), max(r["pair_ratios"])
             ),
+            "pairs' mean [95 % interval]": _ci_text(r["pair_ratios"]),
             "stream TTFT ms": r["stream_mean_ttft_s"] * 1000,
             "client CPU ms/tok N|S": _pair(r["client_cpu_ms_per_token"]),
             "server CPU ms/tok N|S": _pair(r["server_cpu_ms_per_token"]),
@@ -251,6 +262,7 @@ def main() -> None:
     if rss is not None:
         print(f"server peak RSS: {rss:.0f} MiB")
     cols = ["concurrency", "non-stream tok/s", "stream tok/s", "ratio", "pair ratios median [min, max]"]
+    cols += ["pairs' mean [95 % interval]"]
     cols += ["stream TTFT ms", "client CPU ms/tok N|S", "server CPU ms/tok N|S", "of which loop N|S"]
     cols += ["loop S-N us/tok", "of which user", "engine wait ms/step N|S"]
     print(table(summary_rows(rows), cols))
