@@ -61,6 +61,7 @@ VARIANTS: dict[str, Variant] = {
     "min2-adaptive-k4": Variant(4, ngram_min=2, policy="adaptive"),
     "match-k8": Variant(8),
     "match-k6": Variant(6),
+    "match-k4": Variant(4),
     "match-k8-c0.05": Variant(8, row_cost=0.05),
     "match-k8-c0.15": Variant(8, row_cost=0.15),
     "match-k8-c0.2": Variant(8, row_cost=0.2),  # speculative.row_cost's CPU default (2026-12-03)
