@@ -37,6 +37,7 @@ from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import FinishReason
 from rillet.core.structured.setup import attach_structured
 from rillet.core.structured.spec import GrammarSpec
+from rillet.core.thread_name import name_native_thread
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ class Engine:
         log.info("engine first (the event loop gives way to the engine's host work): %s", why)
 
     def _main(self, progress: Callable[[str, float], None] | None) -> None:
+        name_native_thread(threading.current_thread().name)  # "rillet-engine" in top -H, /proc
         try:
             self._load(progress)
         except BaseException as exc:

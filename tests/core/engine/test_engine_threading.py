@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from engine_hooks import hold_steps, scheduled_batches
@@ -152,3 +154,11 @@ def test_embedding_inputs_are_queued_as_one_all_or_none() -> None:
         assert eng.stats().kv_blocks_used == 0
     finally:
         eng.shutdown()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OS thread names: Linux")
+def test_the_engine_thread_is_named_for_the_os(llm: LLM) -> None:
+    """`top -H`, perf, py-spy and the benchmarks (bench/lib/timed_batch.py) tell it by this name."""
+    tid = llm.engine._thread.native_id if llm.engine._thread is not None else None
+    assert tid is not None
+    assert Path(f"/proc/self/task/{tid}/comm").read_text().strip() == "rillet-engine"
