@@ -64,6 +64,38 @@ def thread_user_cpu(pid: int | None, task: int) -> float | None:
     return int(fields[11]) / os.sysconf("SC_CLK_TCK")
 
 
+ENGINE_THREAD = "rillet-engine"  # the engine thread's OS name (core/thread_name.py)
+
+
+def named_thread(pid: int | None, comm: str = ENGINE_THREAD) -> int | None:
+    """The id of the process's thread the OS knows by `comm`, if it has one."""
+    if pid is None:
+        return None
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            if (task / "comm").read_text().strip() == comm:
+                return int(task.name)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def thread_sched(pid: int | None, task: int | None) -> tuple[float, float] | None:
+    """(CPU seconds, seconds runnable but waiting for a core) of one thread, from schedstat: on a
+    core shared with the event loop, the engine's wait is the loop's work that came first."""
+    if pid is None or task is None:
+        return None
+    try:
+        run, wait = Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return int(run) / 1e9, int(wait) / 1e9
+
+
 def parse_cpus(spec: str) -> set[int]:
     """A --server-cpus / --client-cpus value ("0" or "0,1") -> the cores."""
     return {int(c) for c in spec.split(",")}

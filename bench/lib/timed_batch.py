@@ -1,7 +1,8 @@
 """A batch of C simultaneous requests (one thread and one client each, released together by a
 barrier), timed, with what it cost: this client process's CPU (getrusage), the started server's
 CPU and its event loop thread's, split into user mode and the kernel's (/proc, the loop being the
-server's main thread), and the server's /metrics counters over the batch (the engine's hand-off
+server's main thread), its engine thread's CPU and run-queue wait (/proc schedstat, the thread the
+OS knows as "rillet-engine"), and the server's /metrics counters over the batch (the engine's hand-off
 wait and steps, the dispatcher's CPU). The batches of bench/serving/stream_vs_nonstream.py and
 bench/serving/config_ab.py."""
 
@@ -14,7 +15,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.lib.common import process_cpu, thread_user_cpu
+from bench.lib.common import named_thread, process_cpu, thread_sched, thread_user_cpu
 from bench.lib.sdk_client import one_request
 
 
@@ -31,6 +32,8 @@ class Batch:
     engine_wait_s: float | None = None  # the engine's hand-off wait for the loop (/metrics)
     engine_steps: float | None = None
     dispatch_cpu_s: float | None = None  # the loop's CPU inside the dispatcher's callback (/metrics)
+    engine_cpu_s: float | None = None  # the engine thread's CPU (/proc schedstat, by its OS name)
+    engine_runq_s: float | None = None  # ... and its time runnable but waiting for a core
 
 
 def client_cpu() -> float:
@@ -88,6 +91,8 @@ def run_batch(
     m0 = scrape(base_url) if base_url else {}
     c0, s0, l0 = client_cpu(), process_cpu(server_pid), process_cpu(server_pid, server_pid)
     u0 = thread_user_cpu(server_pid, server_pid) if server_pid else None
+    engine = named_thread(server_pid)
+    e0 = thread_sched(server_pid, engine)
     start.wait()
     t0 = time.perf_counter()
     for t in threads:
@@ -95,10 +100,13 @@ def run_batch(
     wall = time.perf_counter() - t0
     c1, s1, l1 = client_cpu(), process_cpu(server_pid), process_cpu(server_pid, server_pid)
     u1 = thread_user_cpu(server_pid, server_pid) if server_pid else None
+    e1 = thread_sched(server_pid, engine)
     m1 = scrape(base_url) if base_url else {}
     tokens, chunks = sum(r[0] for r in results), sum(r[1] for r in results)
     wait, steps, disp = (_delta(m0.get(k), m1.get(k)) for k in METRICS)
     batch = Batch(wall, tokens, chunks, [r[2] for r in results], c1 - c0, _delta(s0, s1), _delta(l0, l1))
     batch.engine_wait_s, batch.engine_steps, batch.dispatch_cpu_s = wait, steps, disp
     batch.loop_user_s = _delta(u0, u1)
+    if e0 is not None and e1 is not None:
+        batch.engine_cpu_s, batch.engine_runq_s = e1[0] - e0[0], e1[1] - e0[1]
     return batch

@@ -80,12 +80,12 @@ def measure(
             return None
         return 1000 * sum(values) / max(1, sum(b.tokens for b in batches))
 
-    def wait_ms_per_step(batches: list[Batch]) -> float | None:
-        waits, steps = [b.engine_wait_s for b in batches], [b.engine_steps for b in batches]
-        if any(v is None for v in waits + steps):
+    def ms_per_step(batches: list[Batch], side: str = "engine_wait_s") -> float | None:
+        values, steps = [getattr(b, side) for b in batches], [b.engine_steps for b in batches]
+        if any(v is None for v in values + steps):
             return None
         return (
-            1000 * sum(w for w in waits if w is not None) / max(1.0, sum(s for s in steps if s is not None))
+            1000 * sum(v for v in values if v is not None) / max(1.0, sum(s for s in steps if s is not None))
         )
 
     return {
@@ -122,8 +122,18 @@ def measure(
             "stream": cpu_ms_per_token(streamed, "dispatch_cpu_s"),
         },
         "engine_wait_ms_per_step": {
-            "nonstream": wait_ms_per_step(plain),
-            "stream": wait_ms_per_step(streamed),
+            "nonstream": ms_per_step(plain),
+            "stream": ms_per_step(streamed),
+        },
+        # the engine thread's own CPU a step, and its time runnable but without a core: on a core
+        # shared with the loop, streaming's cost shows in the second if it is the loop's work
+        "engine_cpu_ms_per_step": {
+            "nonstream": ms_per_step(plain, "engine_cpu_s"),
+            "stream": ms_per_step(streamed, "engine_cpu_s"),
+        },
+        "engine_runq_ms_per_step": {
+            "nonstream": ms_per_step(plain, "engine_runq_s"),
+            "stream": ms_per_step(streamed, "engine_runq_s"),
         },
         "batches": {"nonstream": [asdict(b) for b in plain], "stream": [asdict(b) for b in streamed]},
     }
@@ -139,6 +149,9 @@ def _minus_us(d: dict[str, float | None]) -> str:
     if d["nonstream"] is None or d["stream"] is None:
         return "-"
     return f"{1000 * (d['stream'] - d['nonstream']):.1f}"
+
+
+_NONE: dict[str, float | None] = {"nonstream": None, "stream": None}  # rows from before a column
 
 
 def _ci_text(pairs: list[float]) -> str:
@@ -163,6 +176,8 @@ def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "loop S-N us/tok": _minus_us(r["server_loop_cpu_ms_per_token"]),
             "of which user": _minus_us(r["server_loop_user_ms_per_token"]),
             "engine wait ms/step N|S": _pair(r["engine_wait_ms_per_step"], 3),
+            "engine CPU ms/step N|S": _pair(r.get("engine_cpu_ms_per_step", _NONE), 3),
+            "engine runq ms/step N|S": _pair(r.get("engine_runq_ms_per_step", _NONE), 3),
         }
         for r in rows
     ]
@@ -265,6 +280,7 @@ def main() -> None:
     cols += ["pairs' mean [95 % interval]"]
     cols += ["stream TTFT ms", "client CPU ms/tok N|S", "server CPU ms/tok N|S", "of which loop N|S"]
     cols += ["loop S-N us/tok", "of which user", "engine wait ms/step N|S"]
+    cols += ["engine CPU ms/step N|S", "engine runq ms/step N|S"]
     print(table(summary_rows(rows), cols))
 
 
