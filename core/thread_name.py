@@ -4,6 +4,8 @@ this every thread of the server reads "python" there, and the engine thread cann
 event loop or torch's workers (bench/lib/timed_batch.py reads the engine thread's CPU by this name).
 
 Linux only (prctl PR_SET_NAME, 15 bytes); elsewhere, and where libc will not say, nothing happens.
+Threads the named thread starts later inherit the name (the engine thread's OpenMP workers and its
+compile thread read "rillet-engine" too); the one that named itself has the lowest id of them.
 """
 
 from __future__ import annotations

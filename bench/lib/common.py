@@ -68,20 +68,23 @@ ENGINE_THREAD = "rillet-engine"  # the engine thread's OS name (core/thread_name
 
 
 def named_thread(pid: int | None, comm: str = ENGINE_THREAD) -> int | None:
-    """The id of the process's thread the OS knows by `comm`, if it has one."""
+    """The id of the process's first thread the OS knows by `comm`, if it has one. Threads a named
+    thread starts inherit its name (the engine thread's OpenMP workers, its compile thread), and
+    come later: the lowest id is the one that named itself."""
     if pid is None:
         return None
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return None
+    found = []
     for task in tasks:
         try:
             if (task / "comm").read_text().strip() == comm:
-                return int(task.name)
+                found.append(int(task.name))
         except (OSError, ValueError):
             continue
-    return None
+    return min(found, default=None)
 
 
 def thread_sched(pid: int | None, task: int | None) -> tuple[float, float] | None:
