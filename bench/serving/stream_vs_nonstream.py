@@ -40,7 +40,7 @@ from typing import Any
 import openai
 
 from bench.lib.common import add_pinning, pin_client, table, write_json
-from bench.lib.ratio_ci import ratio_ci
+from bench.lib.ratio_ci import RatioCI, ratio_ci
 from bench.lib.sdk_client import make_clients
 from bench.lib.server_proc import RilletServer
 from bench.lib.timed_batch import Batch, run_batch
@@ -72,7 +72,6 @@ def measure(
     # Batch i of each mode ran back to back (ABBA), so their ratio cancels slow drift of the
     # machine's speed, which on a shared 2-core VM is ~10 % from one batch to the next.
     pairs = [(s.tokens / s.wall_s) / (p.tokens / p.wall_s) for p, s in zip(plain, streamed, strict=True)]
-    ci = ratio_ci(pairs)
 
     def cpu_ms_per_token(batches: list[Batch], side: str) -> float | None:
         values = [getattr(b, side) for b in batches]
@@ -98,7 +97,7 @@ def measure(
         "pair_ratios": pairs,
         "median_pair_ratio": statistics.median(pairs),
         # the pairs' geometric mean and its 95 % bootstrap interval (bench/lib/ratio_ci.py)
-        "pair_ratio_ci95": {"mean": ci.mean, "low": ci.low, "high": ci.high},
+        "pair_ratio_ci95": asdict(ratio_ci(pairs)),
         "stream_chunks_per_token": sum(b.chunks for b in streamed) / max(1, sum(b.tokens for b in streamed)),
         "stream_mean_ttft_s": sum(ttfts) / len(ttfts),
         "client_cpu_ms_per_token": {
@@ -151,13 +150,6 @@ def _minus_us(d: dict[str, float | None]) -> str:
     return f"{1000 * (d['stream'] - d['nonstream']):.1f}"
 
 
-_NONE: dict[str, float | None] = {"nonstream": None, "stream": None}  # rows from before a column
-
-
-def _ci_text(pairs: list[float]) -> str:
-    return ratio_ci(pairs).text()
-
-
 def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         {
@@ -168,7 +160,7 @@ def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "pair ratios median [min, max]": "{:.3f} [{:.3f}, {:.3f}]".format(
                 r["median_pair_ratio"], min(r["pair_ratios"]), max(r["pair_ratios"])
             ),
-            "pairs' mean [95 % interval]": _ci_text(r["pair_ratios"]),
+            "pairs' mean [95 % interval]": RatioCI(**r["pair_ratio_ci95"]).text(),
             "stream TTFT ms": r["stream_mean_ttft_s"] * 1000,
             "client CPU ms/tok N|S": _pair(r["client_cpu_ms_per_token"]),
             "server CPU ms/tok N|S": _pair(r["server_cpu_ms_per_token"]),
@@ -176,8 +168,8 @@ def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "loop S-N us/tok": _minus_us(r["server_loop_cpu_ms_per_token"]),
             "of which user": _minus_us(r["server_loop_user_ms_per_token"]),
             "engine wait ms/step N|S": _pair(r["engine_wait_ms_per_step"], 3),
-            "engine CPU ms/step N|S": _pair(r.get("engine_cpu_ms_per_step", _NONE), 3),
-            "engine runq ms/step N|S": _pair(r.get("engine_runq_ms_per_step", _NONE), 3),
+            "engine CPU ms/step N|S": _pair(r["engine_cpu_ms_per_step"], 3),
+            "engine runq ms/step N|S": _pair(r["engine_runq_ms_per_step"], 3),
         }
         for r in rows
     ]

@@ -45,6 +45,8 @@ def exclusive_build(build_dir: Path) -> Iterator[None]:
 
 
 def _drop_left_lock(lock: Path) -> None:
-    if lock.exists():
-        log.warning("removing %s, left by a build that did not finish", lock)
-        lock.unlink(missing_ok=True)
+    try:
+        lock.unlink()
+    except FileNotFoundError:
+        return  # the common case: the last build finished
+    log.warning("removed %s, left by a build that did not finish", lock)
