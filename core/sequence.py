@@ -6,13 +6,13 @@ Counters, all in tokens:
   num_tokens          prompt_len + len(output_ids): every token the sequence holds
   num_computed        tokens whose K/V are written in the cache (prefix hits included)
   num_cached          of the prompt, tokens reused from the prefix cache at the last admission
-  num_pending         sampled on the device, not yet seen by the host (overlap: <= 1 when scheduling)
+  num_pending         sampled on the device, not yet seen by the host (overlap: <= engine.overlap_depth)
   num_scheduled_tokens  num_tokens + num_pending: the length the scheduler plans with
   len(draft_ids)      speculative decoding: tokens proposed for this step, fed after the last one
                       and verified by the step's forward (core/spec/); never part of num_tokens
 Invariant while RUNNING: num_computed <= num_scheduled_tokens and the block table covers
 num_computed tokens (plus the slots being written this step). With overlap, num_computed may pass
-num_tokens by the pending token: its K/V is written by the step in flight, its id is on the device.
+num_tokens by the pending tokens: their K/V are written by the steps in flight, their ids are on the device.
 Preemption frees the blocks and resets num_computed to 0: the sequence recomputes prompt + output
 so far, so its output continues exactly where it stopped.
 """

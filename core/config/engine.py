@@ -38,12 +38,21 @@ class SchedulerConfig:
         check(0 < self.embed_share <= 1, "scheduler.embed_share", "must be in (0, 1]")
 
 
+MAX_OVERLAP_DEPTH = 2
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     # Overlapped steps: launch step N+1 (its decode inputs read N's tokens on the device) before
     # the host post-processes step N. auto = on for CUDA and for the asynchronous null engine, off
     # for CPU models (there torch runs a step on the calling thread: nothing to overlap).
     overlap: Literal["auto", "on", "off"] = "auto"
+    # Steps in flight when overlap is on: 1 = launch N+1, then land N; 2 = launch N+2 before
+    # landing N, so the device has a step queued behind the one it runs while the host lands,
+    # publishes and schedules (host work that waits for the GIL then delays no launch). A
+    # finishing sequence wastes `overlap_depth` tokens of compute, and a new request's prefill
+    # queues behind that many steps.
+    overlap_depth: int = 1
     # Deterministic inference (core/determinism/): a request's tokens and logprobs do not depend on
     # its batch, its prefill chunking or the prefix cache. on = batch-invariant kernels and the
     # eager decode step only (CPU); auto = on only where it measured <= 5 % slower, which is nowhere
@@ -53,6 +62,11 @@ class EngineConfig:
     def __post_init__(self) -> None:
         for key in ("overlap", "deterministic"):
             check(getattr(self, key) in ("auto", "on", "off"), f"engine.{key}", "must be auto, on or off")
+        check(
+            1 <= self.overlap_depth <= MAX_OVERLAP_DEPTH,
+            "engine.overlap_depth",
+            f"must be from 1 to {MAX_OVERLAP_DEPTH}",
+        )
 
 
 MAX_SHORT_PREFILL = 4096

@@ -16,13 +16,14 @@ landing its tokens (waiting for them, post-processing, the deltas) is in landing
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 
 from rillet.core.engine.block_manager import BlockManager
 from rillet.core.engine.detokenizer import IncrementalDetokenizer
 from rillet.core.engine.embed_share import EmbedShare
 from rillet.core.engine.handoff.gil_gate import EngineGate
-from rillet.core.engine.landing import Pending, StepLanding
+from rillet.core.engine.landing import Flight, Pending, StepLanding
 from rillet.core.engine.overlap import needs_host_tokens
 from rillet.core.engine.scheduler import ScheduledBatch, Scheduler
 from rillet.core.errors import ErrorKind
@@ -42,8 +43,10 @@ class EngineCore(StepLanding):
         overlap: bool = False,
         spec: Speculator | None = None,
         serves_both: bool = False,
+        overlap_depth: int = 1,
     ) -> None:
-        """`serves_both`: chat and embeddings share this engine (model.task both)."""
+        """`serves_both`: chat and embeddings share this engine (model.task both); `overlap_depth`:
+        the steps left in flight with overlap on (engine.overlap_depth)."""
         self.scheduler = scheduler
         self.blocks: BlockManager = scheduler.blocks
         self.runner = runner
@@ -52,12 +55,10 @@ class EngineCore(StepLanding):
         self.seqs: dict[str, list[Seq]] = {}  # request_id -> its live choices
         self._detok: dict[int, IncrementalDetokenizer] = {}
         self.overlap = overlap
-        self._inflight: InflightStep | None = None  # launched, not yet landed (overlap only)
-        # ... the drafts it verifies, by sequence, as launched: an abort or deadline while it is in
-        # flight releases a sequence (its draft_ids cleared), yet its rows are in the result
-        self._inflight_verifies: dict[int, list[int]] = {}
+        # steps left in flight after a step (overlap.py): 0 = overlap off, else engine.overlap_depth
+        self.depth = overlap_depth if overlap else 0
+        self._flights: deque[Flight] = deque()  # launched, not yet landed, oldest first
         self.spec = spec
-        self._inflight_step = 0  # its step number
         self._landed_step = 0  # the number of the step whose tokens were post-processed last
         self._host_token_seqs = 0  # live sequences that make overlapped steps synchronous
         self.steps = 0
@@ -116,7 +117,7 @@ class EngineCore(StepLanding):
         return len(self.scheduler.running)
 
     def has_work(self) -> bool:
-        return self._inflight is not None or self.scheduler.has_work()
+        return bool(self._flights) or self.scheduler.has_work()
 
     # ---- the step ----------------------------------------------------------------------------
     def step(
@@ -130,12 +131,13 @@ class EngineCore(StepLanding):
         t0 = time.perf_counter()
         deltas = self._expire_deadlines()
         spec = self.spec
-        if self._inflight is not None and (
+        if self._flights and (
             self._host_token_seqs
-            or self._inflight_verifies
+            or any(f.verifies for f in self._flights)
             or (spec is not None and spec.active(len(self.scheduler.running)))
         ):
-            deltas.extend(self._land())  # synchronous fallback (core/engine/overlap.py)
+            while self._flights:  # synchronous fallback (core/engine/overlap.py)
+                deltas.extend(self._land())
         share = self.embed_share if self.scheduler.num_embeds else None
         if share is not None:
             self.scheduler.embed_cap = share.cap(self.scheduler.has_generation, t0)
@@ -154,11 +156,15 @@ class EngineCore(StepLanding):
             if after_launch is not None:
                 after_launch()
                 self._waits_next(launched)
-        if self._inflight is not None:
-            deltas.extend(self._land())
-        self._inflight, self._inflight_step, self._inflight_verifies = launched, self.steps, verifies
-        if not self.overlap and launched is not None:
-            deltas.extend(self._land())
+        if launched is None:
+            if self._flights:  # nothing new to run: the oldest in flight is landed all the same
+                deltas.extend(self._land())
+        else:
+            while len(self._flights) >= max(self.depth, 1):
+                deltas.extend(self._land())
+            self._flights.append(Flight(launched, self.steps, verifies))
+            if not self.depth:
+                deltas.extend(self._land())
         if share is not None and batch.seqs:
             rows = len(batch.seqs) - batch.embed_rows
             share.observe(
@@ -173,9 +179,9 @@ class EngineCore(StepLanding):
         woken by the publish would more often find the engine still working and park for nothing.
         Not before the publish: a loop parked mid-pass would resume and hold up the publish."""
         gate = self.gate
-        if gate is None or launched is None or (self._inflight is None and self.overlap):
-            return
-        awaited = self._inflight if self._inflight is not None else launched
+        if gate is None or launched is None or (self.depth and len(self._flights) < self.depth):
+            return  # with fewer steps in flight than the depth, the engine schedules the next one
+        awaited = self._flights[0].step if self._flights else launched
         gate.waiting(awaited.ready)
 
     def _launch(self, batch: ScheduledBatch, deltas: list[SeqDelta]) -> InflightStep | None:

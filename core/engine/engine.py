@@ -75,6 +75,8 @@ class Engine:
         self.tokenizer = rt.tokenizer
         m, overlap = self.cfg.model, self.cfg.engine.overlap
         self.overlap, why = resolve_overlap(overlap, rt.device.type, m.kind, m.synthetic_async)
+        if self.overlap and self.cfg.engine.overlap_depth > 1:
+            why += f", {self.cfg.engine.overlap_depth} steps in flight (engine.overlap_depth)"
         log.info("engine overlap: %s", why)
         # a launch only enqueues the step: CUDA, and the null engine that models a device
         self.async_launch = rt.device.type == "cuda" or (m.kind == "synthetic" and m.synthetic_async)
@@ -86,6 +88,7 @@ class Engine:
             self.overlap,
             rt.speculator,
             serves_both=rt.tasks == {"generate", "embed"},
+            overlap_depth=self.cfg.engine.overlap_depth,
         )
         grammars, no_grammar = None, "structured outputs need a generation model (model.task)"
         if "generate" in rt.tasks:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from rillet.core.engine.handoff.gil_gate import EngineGate
@@ -25,6 +26,17 @@ from rillet.core.structured.matcher import GrammarViolation
 log = logging.getLogger(__name__)
 
 
+@dataclass(slots=True)
+class Flight:
+    """A launched step not yet landed."""
+
+    step: InflightStep
+    number: int  # its step number
+    # the drafts it verifies, by sequence, as launched: an abort or deadline while it is in flight
+    # releases a sequence (its draft_ids cleared), yet its rows are in the result
+    verifies: dict[int, list[int]]
+
+
 @dataclass
 class Pending:
     """A sequence's unpublished output of this step."""
@@ -36,9 +48,7 @@ class Pending:
 
 class StepLanding(RunLanding):
     # EngineCore's, read and written here
-    _inflight: InflightStep | None
-    _inflight_verifies: dict[int, list[int]]
-    _inflight_step: int
+    _flights: deque[Flight]
     _landed_step: int
     wait_seconds: float
     gate: EngineGate | None
@@ -53,11 +63,10 @@ class StepLanding(RunLanding):
         raise NotImplementedError
 
     def _land(self) -> list[SeqDelta]:
-        """Waits for the launched step's tokens and post-processes them."""
-        launched, self._inflight = self._inflight, None
-        verifies, self._inflight_verifies = self._inflight_verifies, {}
-        assert launched is not None
-        self._landed_step = self._inflight_step
+        """Waits for the oldest launched step's tokens and post-processes them."""
+        flight = self._flights.popleft()
+        launched, verifies = flight.step, flight.verifies
+        self._landed_step = flight.number
         deltas: list[SeqDelta] = []
         t0 = time.perf_counter()
         gate = self.gate

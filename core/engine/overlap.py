@@ -10,10 +10,20 @@ lands (the sequence is finished by then and its blocks are back in the pool: lau
 order, so the device writes that last K/V before any later step can reuse the blocks). max_tokens is
 known ahead, so a sequence whose pending token is its last is not scheduled again.
 
+Depth (engine.overlap_depth, D steps left in flight after a step; 1 above): with 2, the step
+launches N+2 and then lands N, so while the host lands N, publishes it and schedules the next
+step, the device runs N+1 with N+2 queued behind it: the next launch has two steps' time to
+arrive instead of one, and host work delayed by the GIL (the event loop's writes at high
+concurrency: bench/RESULTS.md) idles no device. Each decode's input is still the token the
+previous launch sampled, on the device; a sequence holds up to D pending tokens, and a stop is
+seen D launches late (D discarded tokens). A step that launches nothing lands the oldest in flight.
+A flashinfer plan waits for the previous plan's copy (its pinned staging buffer is reused), so on
+CUDA with flashinfer the second step's launch still lines up behind the first's start.
+
 Synchronous fallback: a sequence whose sampling reads its own previous token ids on the host cannot
 run with a token in flight: penalties read the output history, and a grammar mask must
 advance its matcher with the previous token before it masks the next. `needs_host_tokens` says
-which; while such a sequence is live, the engine lands the step in flight before it schedules the
+which; while such a sequence is live, the engine lands the steps in flight before it schedules the
 next one, so those steps run synchronously (other requests lose the overlap meanwhile, never
 correctness).
 """

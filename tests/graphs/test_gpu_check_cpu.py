@@ -158,7 +158,7 @@ def test_only_runs_the_selected_parts(tmp_path: Path) -> None:
 
 def test_d_reads_the_engine_per_mode_and_runs_the_gate_variants_on_one_engine(tmp_path: Path) -> None:
     res = _results(tmp_path, 300)
-    gpu_check.run_all(res, {"d"}, d_apis=[], d_gates=["off", "last", "none"])
+    gpu_check.run_all(res, {"d"}, d_apis=[], d_gates=["off", "last", "none", "depth2"])
     levels = res.parts["(d) stream vs non-stream"]["levels"]
     assert [lv.get("api", "chat") for lv in levels] == ["chat"] * 2  # --d-apis with none: chat only
     for lv in levels:
@@ -171,7 +171,9 @@ def test_d_reads_the_engine_per_mode_and_runs_the_gate_variants_on_one_engine(tm
         assert all(lv["errors"] == 0 for lv in part["levels"])
     # a CPU model's launch runs the model: no device wait to give way in (resolve_gate refuses it)
     assert res.parts["(d) engine gate none"]["gate"] == "none"
-    assert {r["part"]: r["verdict"] for r in res.rows}["(d) gate none"] == "SKIP"
+    verdicts = {r["part"]: r["verdict"] for r in res.rows}
+    assert verdicts["(d) gate none"] == "SKIP"
+    assert verdicts["(d) gate depth2"] == "SKIP"  # a CPU model runs no steps in flight to deepen
 
 
 def _out(tokens: list[int], lps: list[float], tops: list[list[tuple[int, float]]]) -> CompletionOutput:

@@ -38,9 +38,23 @@ def runtime(eos_model: Path) -> Runtime:
     return load_runtime(cfg)
 
 
-def test_overlap_on_and_off_give_the_same_tokens(runtime: Runtime) -> None:
+@pytest.mark.parametrize("depth", [1, 2])
+def test_overlap_on_and_off_give_the_same_tokens(
+    runtime: Runtime, depth: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """depth: engine.overlap_depth, the steps in flight (2: a sequence holds up to two pending
+    tokens, a preempted one up to two in flight, a stop or abort is seen two launches late)."""
     off = drive(runtime, overlap=False, workload=WORKLOAD)
-    on = drive(runtime, overlap=True, workload=WORKLOAD)
+    pending: list[int] = []  # per launch, the most tokens a sequence of it had in flight
+    real_launch = runtime.runner.launch
+
+    def spy(batch: Any) -> Any:
+        pending.append(max(s.num_pending for s in batch.seqs))
+        return real_launch(batch)
+
+    monkeypatch.setattr(runtime.runner, "launch", spy)
+    on = drive(runtime, overlap=True, workload=WORKLOAD, depth=depth)
+    assert max(pending) == depth  # decodes fed from the future buffer with `depth` tokens unseen
     check_deltas(off, WORKLOAD)
     check_deltas(on, WORKLOAD)
     assert on.tokens() == off.tokens()
@@ -69,9 +83,12 @@ def test_overlap_on_and_off_give_the_same_tokens(runtime: Runtime) -> None:
         assert run.prefix_hit_tokens > 0, "shared prefixes were meant to hit the prefix cache"
 
 
-def test_a_sequence_stopped_at_step_n_never_shows_its_token_from_n_plus_1(runtime: Runtime) -> None:
-    """With overlap, the step after an EOS or a stop string is already launched when the host sees
-    the stop: its token is dropped, never sent."""
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_sequence_stopped_at_step_n_never_shows_its_token_from_n_plus_1(
+    runtime: Runtime, depth: int
+) -> None:
+    """With overlap, the `depth` steps after an EOS or a stop string are already launched when the
+    host sees the stop: their tokens are dropped, never sent."""
     reqs = [Req("eos", prompt(9, 6), P(max_tokens=40, temperature=0.0, stop=("oo",)))]
     launched: list[int] = []
     runner = runtime.runner
@@ -83,10 +100,10 @@ def test_a_sequence_stopped_at_step_n_never_shows_its_token_from_n_plus_1(runtim
 
     runner.launch = counting_launch  # type: ignore[method-assign]
     try:
-        on = drive(runtime, overlap=True, workload=reqs)
+        on = drive(runtime, overlap=True, workload=reqs, depth=depth)
     finally:
         runner.launch = real_launch  # type: ignore[method-assign]
     tokens = on.tokens()[("eos", 0)]
     assert on.finishes()[("eos", 0)] is FinishReason.STOP
-    # prefill + one launch per token after the first, + the one extra launch that was discarded
-    assert len(launched) == len(tokens) + 1
+    # prefill + one launch per token after the first, + the extra launches that were discarded
+    assert len(launched) == len(tokens) + depth

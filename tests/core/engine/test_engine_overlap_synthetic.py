@@ -37,6 +37,9 @@ def test_overlap_resolution(mode: str, device: str, kind: str, synthetic_async: 
 def test_overlap_config_is_validated_by_key() -> None:
     with pytest.raises(ConfigError, match=r"engine\.overlap"):
         config_from_dict({"engine": {"overlap": "sometimes"}})
+    for depth in (0, 3):
+        with pytest.raises(ConfigError, match=r"engine\.overlap_depth"):
+            config_from_dict({"engine": {"overlap_depth": depth}})
     with pytest.raises(ConfigError, match=r"model\.synthetic_async"):
         config_from_dict({"model": {"synthetic_async": "yes"}})
     assert config_from_dict({"engine": {"overlap": True}}).engine.overlap == "on"  # YAML's bare on
@@ -95,13 +98,15 @@ def test_host_time_is_spent_in_the_launch_with_the_gil_held(monkeypatch: pytest.
             config_from_dict({"model": bad})
 
 
-def _run(overlap: str, abort: bool) -> dict[str, list[tuple[list[int], FinishReason | None, str]]]:
+def _run(
+    overlap: str, abort: bool, depth: int = 1
+) -> dict[str, list[tuple[list[int], FinishReason | None, str]]]:
     cfg = config_from_dict(
         {
             "model": {"kind": "synthetic", "synthetic_step_ms": 1.0, "synthetic_async": True},
             "cache": {"num_blocks": 64, "block_size": 8},
             "scheduler": {"max_num_seqs": 4, "max_num_batched_tokens": 32},
-            "engine": {"overlap": overlap},
+            "engine": {"overlap": overlap, "overlap_depth": depth},
         }
     )
     with LLM(cfg) as llm:
@@ -126,8 +131,9 @@ def _run(overlap: str, abort: bool) -> dict[str, list[tuple[list[int], FinishRea
         }
 
 
-def test_overlap_on_and_off_stream_the_same_tokens_through_the_engine_thread() -> None:
-    off, on = _run("off", abort=False), _run("on", abort=True)
+@pytest.mark.parametrize("depth", [1, 2])
+def test_overlap_on_and_off_stream_the_same_tokens_through_the_engine_thread(depth: int) -> None:
+    off, on = _run("off", abort=False), _run("on", abort=True, depth=depth)
     assert on == off
     finishes = [f for choices in on.values() for _, f, _ in choices]
     assert FinishReason.STOP in finishes and FinishReason.LENGTH in finishes

@@ -132,7 +132,7 @@ def test_an_abort_while_its_drafts_are_verified_changes_no_other_output(
 
     def abort(core: EngineCore, request_id: str, *args: Any) -> list[SeqDelta]:
         ids = {s.seq_id for s in core.seqs.get(request_id, [])}
-        in_flight.append(any(i in core._inflight_verifies for i in ids))
+        in_flight.append(any(i in f.verifies for f in core._flights for i in ids))
         return real_abort(core, request_id, *args)
 
     workload = WORKLOAD + GROUNDED

@@ -96,11 +96,16 @@ def make_seqs(req: Req, ids: itertools.count[int]) -> list[Seq]:
     return seqs
 
 
-def drive(rt: Runtime, overlap: bool, workload: list[Req], spec: Speculator | None = None) -> Run:
-    """Runs the workload the way Engine._run does (one thread), recording every delta in order."""
+def drive(
+    rt: Runtime, overlap: bool, workload: list[Req], spec: Speculator | None = None, depth: int = 1
+) -> Run:
+    """Runs the workload the way Engine._run does (one thread), recording every delta in order;
+    `depth`: the steps in flight with overlap on (engine.overlap_depth)."""
     rt.scheduler.blocks.reset_prefix_cache()
     hits0 = rt.scheduler.blocks.stats.hit_tokens
-    core = EngineCore(rt.scheduler, rt.runner, rt.make_detokenizer, rt.max_model_len, overlap, spec)
+    core = EngineCore(
+        rt.scheduler, rt.runner, rt.make_detokenizer, rt.max_model_len, overlap, spec, overlap_depth=depth
+    )
     preempted: list[int] = []
     real_preempt = rt.scheduler._preempt
 
