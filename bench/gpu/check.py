@@ -271,10 +271,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--d-gate",
         nargs="+",
         default=[],
-        choices=("off", "last", "device", "clock", "none"),
+        choices=("off", "last", "device", "clock", "none", "depth2"),
         help="after (d): chat at its two highest levels again per variant of the event loop's engine "
         "gate (stream.engine_first off, or on with that probe; last: off, with each routing pass's "
-        "writes held to its end, the write order before de082c1)",
+        "writes held to its end, the write order before de082c1; depth2: off, two steps in flight, "
+        "engine.overlap_depth 2)",
     )
     ap.add_argument("--client", metavar="BASE_URL", help=argparse.SUPPRESS)  # part (d)'s subprocess
     ap.add_argument("--model", help=argparse.SUPPRESS)

@@ -40,7 +40,8 @@ from bench.lib.common import REPO
 # next step. The engine (the target's row) overlaps the host prep of step N+1 with step N's replay
 # (issue 14), so the step row only says how much host time there is to hide.
 STEP_NOTE = "runner.step, no overlap"
-GATE_OFF = ("off", "last")  # (d)'s variants without the engine gate (last: the old write order too)
+GATE_OFF = ("off", "last", "depth2")  # (d)'s variants without the engine gate (last: the old write order too)
+DEPTHS = {"depth2": 2}  # (d)'s variants with more steps in flight (engine.overlap_depth)
 
 
 def graph_stats(llm: LLM) -> dict[str, Any]:
@@ -228,14 +229,18 @@ def part_d(
     core/engine/handoff/gil_gate.py) off, or on with that probe (device, clock, none): what giving way to
     the engine's host work buys; `last`: gate off, and each routing pass's writes held until its
     end, the order before de082c1 (http/stream/dispatcher.py's `write_last`), against `off`.
-    Swapped between steps: the engine is idle between parts."""
+    `depth2`: gate off, two steps in flight (engine.overlap_depth 2: step N+2 launched before N
+    lands). Swapped between steps: the engine is idle between parts."""
     from rillet.core.engine.handoff.gil_gate import EngineGate
     from rillet.http.background import BackgroundServer
 
     engine = llm.engine
     if gate is not None and gate not in GATE_OFF and not engine.async_launch:  # as resolve_gate refuses it
         return Part({"gate": gate}, [row(f"(d) gate {gate}", verdict="SKIP", note="launches run the model")])
-    kept = engine.gate
+    if gate in DEPTHS and not engine.overlap:
+        return Part({"gate": gate}, [row(f"(d) gate {gate}", verdict="SKIP", note="engine.overlap is off")])
+    kept, kept_depth = engine.gate, engine.core.depth
+    engine.core.depth = DEPTHS.get(gate or "", kept_depth)
     chat_levels, apis = p.d_concurrency, p.d_apis if apis is None else tuple(apis)
     if gate is not None:
         engine.core.gate = None if gate in GATE_OFF else EngineGate(probe_mode=gate)
@@ -252,7 +257,7 @@ def part_d(
         server.stop()
         if engine.gate is not None:
             engine.gate.open()
-        engine.core.gate = kept
+        engine.core.gate, engine.core.depth = kept, kept_depth
     rows = []
     for lv in levels:
         tok = lv["tokens"]
