@@ -27,6 +27,7 @@ from rillet.http.state import ServerState
 from rillet.http.stream.collect import collect
 from rillet.http.stream.request_stream import RequestStream
 from rillet.http.stream.sse import pump_sse
+from rillet.http.stream.sse_response import SseResponse, start_sse
 from rillet.http.stream.transport_write import transport_write
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ async def _stream(
 ) -> tuple[web.StreamResponse, bool]:
     """Returns (response, True if the request ran to its end)."""
     fmt = front.stream_format()
-    resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
+    resp = SseResponse(status=200, headers=SSE_HEADERS)
     _bound_send_buffer(request)
     timer: list[asyncio.TimerHandle] = []
     stream.on_cut = lambda: _close_after_grace(request, resp, timer)
@@ -107,10 +108,11 @@ async def _stream(
         # five steps, later without this). No first token waits: the dispatcher's next pass comes
         # after the handlers resumed here.
         await asyncio.sleep(0)
-        writer = await resp.prepare(request)
+        head = fmt.head()
+        writer = await start_sse(resp, request, head)  # the headers leave with the head
         direct = transport_write(writer)
         with keep_alive(stream, direct, front.ping, cfg.ping_interval_s):
-            ok = await pump_sse(stream, fmt, usage, resp.write, cfg, fmt.head(), direct, resp.write_eof)
+            ok = await pump_sse(stream, fmt, usage, resp.write, cfg, head, direct, resp.write_eof)
         await resp.write_eof()  # after a failure's error event (else already sent: a no-op)
     except ConnectionResetError:  # the client went away mid-stream (aiohttp raises a subclass)
         log.debug("client of %s disconnected mid-stream", stream.request_id)
