@@ -271,11 +271,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--d-gate",
         nargs="+",
         default=[],
-        choices=("off", "last", "device", "clock", "none", "depth2"),
+        choices=("off", "last", "device", "clock", "none", "depth2", "depth2-none", "depth2-device"),
         help="after (d): chat at its two highest levels again per variant of the event loop's engine "
         "gate (stream.engine_first off, or on with that probe; last: off, with each routing pass's "
         "writes held to its end, the write order before de082c1; depth2: off, two steps in flight, "
-        "engine.overlap_depth 2)",
+        "engine.overlap_depth 2; depth2-<probe>: two steps in flight and the gate on)",
     )
     ap.add_argument("--client", metavar="BASE_URL", help=argparse.SUPPRESS)  # part (d)'s subprocess
     ap.add_argument("--model", help=argparse.SUPPRESS)

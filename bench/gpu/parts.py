@@ -40,8 +40,14 @@ from bench.lib.common import REPO
 # next step. The engine (the target's row) overlaps the host prep of step N+1 with step N's replay
 # (issue 14), so the step row only says how much host time there is to hide.
 STEP_NOTE = "runner.step, no overlap"
-GATE_OFF = ("off", "last", "depth2")  # (d)'s variants without the engine gate (last: the old write order too)
-DEPTHS = {"depth2": 2}  # (d)'s variants with more steps in flight (engine.overlap_depth)
+PROBES = ("device", "clock", "none")  # the engine gate's probes (stream.engine_first_probe)
+
+
+def d_variant(name: str) -> tuple[int | None, str | None]:
+    """(d)'s variant -> (engine.overlap_depth to run at or None: as built, the gate's probe or None:
+    gate off). `off`, `last` (gate off, the old write order), a probe, `depth2`, `depth2-<probe>`."""
+    depth, _, probe = name.partition("-") if name.startswith("depth") else ("", "", name)
+    return (int(depth[len("depth") :]) if depth else None), (probe if probe in PROBES else None)
 
 
 def graph_stats(llm: LLM) -> dict[str, Any]:
@@ -230,20 +236,22 @@ def part_d(
     the engine's host work buys; `last`: gate off, and each routing pass's writes held until its
     end, the order before de082c1 (http/stream/dispatcher.py's `write_last`), against `off`.
     `depth2`: gate off, two steps in flight (engine.overlap_depth 2: step N+2 launched before N
-    lands). Swapped between steps: the engine is idle between parts."""
+    lands); `depth2-none`: the same with the gate on (probe none). Swapped between steps: the
+    engine is idle between parts."""
     from rillet.core.engine.handoff.gil_gate import EngineGate
     from rillet.http.background import BackgroundServer
 
     engine = llm.engine
-    if gate is not None and gate not in GATE_OFF and not engine.async_launch:  # as resolve_gate refuses it
+    depth, probe = d_variant(gate) if gate is not None else (None, None)
+    if probe is not None and not engine.async_launch:  # as resolve_gate refuses it
         return Part({"gate": gate}, [row(f"(d) gate {gate}", verdict="SKIP", note="launches run the model")])
-    if gate in DEPTHS and not engine.overlap:
+    if depth is not None and not engine.overlap:
         return Part({"gate": gate}, [row(f"(d) gate {gate}", verdict="SKIP", note="engine.overlap is off")])
     kept, kept_depth = engine.gate, engine.core.depth
-    engine.core.depth = DEPTHS.get(gate or "", kept_depth)
+    engine.core.depth = depth or kept_depth
     chat_levels, apis = p.d_concurrency, p.d_apis if apis is None else tuple(apis)
     if gate is not None:
-        engine.core.gate = None if gate in GATE_OFF else EngineGate(probe_mode=gate)
+        engine.core.gate = None if probe is None else EngineGate(probe_mode=probe)
         chat_levels, apis = p.d_concurrency[-2:], ()
     server = BackgroundServer(engine.cfg).start(engine)
     if gate == "last" and server.state.dispatcher is not None:  # read as each stream registers

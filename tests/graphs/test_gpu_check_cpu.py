@@ -158,7 +158,7 @@ def test_only_runs_the_selected_parts(tmp_path: Path) -> None:
 
 def test_d_reads_the_engine_per_mode_and_runs_the_gate_variants_on_one_engine(tmp_path: Path) -> None:
     res = _results(tmp_path, 300)
-    gpu_check.run_all(res, {"d"}, d_apis=[], d_gates=["off", "last", "none", "depth2"])
+    gpu_check.run_all(res, {"d"}, d_apis=[], d_gates=["off", "last", "none", "depth2", "depth2-none"])
     levels = res.parts["(d) stream vs non-stream"]["levels"]
     assert [lv.get("api", "chat") for lv in levels] == ["chat"] * 2  # --d-apis with none: chat only
     for lv in levels:
@@ -174,6 +174,16 @@ def test_d_reads_the_engine_per_mode_and_runs_the_gate_variants_on_one_engine(tm
     verdicts = {r["part"]: r["verdict"] for r in res.rows}
     assert verdicts["(d) gate none"] == "SKIP"
     assert verdicts["(d) gate depth2"] == "SKIP"  # a CPU model runs no steps in flight to deepen
+    assert verdicts["(d) gate depth2-none"] == "SKIP"
+
+
+def test_d_variants_name_a_depth_and_a_gate_probe() -> None:
+    from bench.gpu.parts import d_variant
+
+    assert d_variant("off") == d_variant("last") == (None, None)
+    assert d_variant("none") == (None, "none")
+    assert d_variant("depth2") == (2, None)
+    assert d_variant("depth2-none") == (2, "none") and d_variant("depth2-device") == (2, "device")
 
 
 def _out(tokens: list[int], lps: list[float], tops: list[list[tuple[int, float]]]) -> CompletionOutput:
