@@ -24,7 +24,7 @@ flashinfer is imported in the constructor, so importing this module never needs 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, get_args
 
 import torch
@@ -32,6 +32,7 @@ from rillet.core.attention.base import AttentionBackend, AttentionMetadata, Step
 from rillet.core.attention.flashinfer_layout import page_indices, paged_kv_host, qo_indptr_host
 from rillet.core.attention.flashinfer_op import register_attention_op
 from rillet.core.attention.kv_cache import encode
+from rillet.core.attention.plan_staging import PlanStaging
 from rillet.core.config import FlashinferPrefillKernels
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # flashinfer's recommended float workspace (split-k partials)
@@ -95,7 +96,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         # (rows, Q) -> prefill wrapper of verify steps (begin_verify)
         self._graph_verify: dict[tuple[int, int], Any] = {}
         self._active: Any = None  # the wrapper planned for this step
-        self._planned: torch.cuda.Event | None = None  # recorded after the last plan()'s copies
+        # CUDA: plan() stages its schedule in pinned memory, copied to the device asynchronously
+        self._staging = PlanStaging() if self.device.type == "cuda" else None
         self._op = register_attention_op(self)
 
     def _graph_wrappers(
@@ -125,11 +127,6 @@ class FlashInferAttentionBackend(AttentionBackend):
         }
 
     def begin_step(self, meta: AttentionMetadata) -> None:
-        # plan() stages its schedule in a pinned host buffer and copies it to the device
-        # asynchronously; before overwriting that buffer, the previous plan's copy must have run
-        # (it may not have yet when the engine prepares step N+1 while step N is in flight).
-        if self._planned is not None:
-            self._planned.synchronize()
         # -1 (a padding convention of other callers) -> the dummy slot 0, once per step here
         # rather than in every layer's op (30 more kernels per step in a 30-layer graph)
         meta.slot_mapping.clamp_(min=0)
@@ -143,15 +140,27 @@ class FlashInferAttentionBackend(AttentionBackend):
         heads = (self.num_heads, self.num_kv_heads, self.head_dim, meta.block_size)
         if meta.is_decode_only:
             wrapper = self._graph_decode.get(meta.num_seqs, self._decode)
-            wrapper.plan(kv_indptr, indices, last_page_len, *heads, pos_encoding_mode="NONE", **common)
+            self._plan(
+                wrapper,
+                lambda: wrapper.plan(
+                    kv_indptr, indices, last_page_len, *heads, pos_encoding_mode="NONE", **common
+                ),
+            )
         else:
             wrapper = self._prefill
             qo = qo_indptr_host(meta.query_lens_cpu)
-            wrapper.plan(qo, kv_indptr, indices, last_page_len, *heads, causal=True, **common)
+            self._plan(
+                wrapper,
+                lambda: wrapper.plan(qo, kv_indptr, indices, last_page_len, *heads, causal=True, **common),
+            )
         self._active = wrapper
-        if self.device.type == "cuda":
-            self._planned = torch.cuda.Event()
-            self._planned.record()
+
+    def _plan(self, wrapper: Any, run_plan: Callable[[], None]) -> None:
+        """plan() on a staging buffer whose previous copy has run (plan_staging.py)."""
+        if self._staging is None:
+            run_plan()
+        else:
+            self._staging.plan(wrapper, run_plan)
 
     def forward(
         self,
@@ -185,8 +194,6 @@ class FlashInferAttentionBackend(AttentionBackend):
         slots past it. Each (rows, Q) gets a CUDA-graph prefill wrapper of its own (fixed buffers,
         planned here before each replay): flashinfer latches a graph-mode wrapper's query-row count
         at its first plan() and refuses more later. Run on an H200 (bench/gpu/GPU.md, (e)-(g))."""
-        if self._planned is not None:
-            self._planned.synchronize()
         n, nq = batch.input_ids.shape
         width = batch.block_tables.shape[1]
         lens = [
@@ -198,21 +205,12 @@ class FlashInferAttentionBackend(AttentionBackend):
         qo = torch.arange(0, (n + 1) * nq, nq, dtype=torch.int32)
         wrapper = self._verify_wrapper(n, nq, width)
         heads = (self.num_heads, self.num_kv_heads, self.head_dim, block_size)
-        wrapper.plan(
-            qo,
-            kv_indptr,
-            indices,
-            last_page_len,
-            *heads,
-            causal=True,
-            sm_scale=self.sm_scale,
-            q_data_type=self.dtype,
-            kv_data_type=self.kv_dtype,
+        common = {"sm_scale": self.sm_scale, "q_data_type": self.dtype, "kv_data_type": self.kv_dtype}
+        self._plan(
+            wrapper,
+            lambda: wrapper.plan(qo, kv_indptr, indices, last_page_len, *heads, causal=True, **common),
         )
         self._active = wrapper
-        if self.device.type == "cuda":
-            self._planned = torch.cuda.Event()
-            self._planned.record()
 
     def _verify_wrapper(self, rows: int, queries: int, width: int) -> Any:
         """The CUDA-graph prefill wrapper for verify steps of `rows` rows of `queries` queries

@@ -17,10 +17,9 @@ arrive instead of one, and host work delayed by the GIL (the event loop's writes
 concurrency: bench/RESULTS.md) idles no device. Each decode's input is still the token the
 previous launch sampled, on the device; a sequence holds up to D pending tokens, and a stop is
 seen D launches late (D discarded tokens). A step that launches nothing lands the oldest in flight.
-On CUDA with flashinfer, a plan waits until the previous plan's copy has run on the device (its
-pinned staging buffer is reused: attention/flashinfer_backend.py), so the launch of N+2 finishes
-only once N+1 has started; what depth 2 gains there is that it is queued before N is landed and
-published, not a whole step earlier.
+On CUDA with flashinfer, each plan() stages its schedule in pinned memory whose copy to the device
+is queued, not awaited; the buffers rotate (attention/plan_staging.py), so the launch of N+2 does
+not wait for N+1's copy either: no launch blocks on the device.
 
 Synchronous fallback: a sequence whose sampling reads its own previous token ids on the host cannot
 run with a token in flight: penalties read the output history, and a grammar mask must
