@@ -53,16 +53,24 @@ def idle(engine: Any) -> bool:
     return s.running == 0 and s.waiting == 0 and s.kv_blocks_used == 0
 
 
-@pytest.mark.parametrize("probe", ["device", "clock", "none"])
-def test_streams_through_the_gate_equal_the_answers_without_streaming(probe: str) -> None:
+@pytest.mark.parametrize(("probe", "depth"), [("device", 1), ("clock", 1), ("none", 1), ("none", 2)])
+def test_streams_through_the_gate_equal_the_answers_without_streaming(probe: str, depth: int) -> None:
+    """depth: engine.overlap_depth (2: the pairing that closed the null engine's gap at 256
+    streams, bench/RESULTS.md)."""
     from rillet.core.engine.engine import Engine
 
-    overrides = [*SYNTH_OVERRIDES, "stream.engine_first=on", f"stream.engine_first_probe={probe}"]
+    overrides = [
+        *SYNTH_OVERRIDES,
+        "stream.engine_first=on",
+        f"stream.engine_first_probe={probe}",
+        f"engine.overlap_depth={depth}",
+    ]
     cfg = load_config(None, overrides)
     engine = Engine(cfg)
     engine.start()
     try:
         assert engine.gate is not None and engine.gate.probe_mode == probe
+        assert engine.core.depth == depth
 
         def ask(i: int, stream: bool) -> str:
             body = {
