@@ -54,7 +54,6 @@ class EngineCore(StepLanding):
         self.max_model_len = max_model_len
         self.seqs: dict[str, list[Seq]] = {}  # request_id -> its live choices
         self._detok: dict[int, IncrementalDetokenizer] = {}
-        self.overlap = overlap
         # steps left in flight after a step (overlap.py): 0 = overlap off, else engine.overlap_depth
         self.depth = overlap_depth if overlap else 0
         self._flights: deque[Flight] = deque()  # launched, not yet landed, oldest first
