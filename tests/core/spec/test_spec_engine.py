@@ -89,10 +89,12 @@ def same_outputs(a: Run, b: Run, workload: list[Req]) -> None:
         assert [x.logprob for x in la] == pytest.approx([x.logprob for x in lb], abs=1e-4)
 
 
-@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize(("overlap", "depth", "max_batch"), [(False, 1, 8), (True, 1, 8), (True, 2, 3)])
 def test_the_workload_gives_the_same_outputs_with_speculation(
-    runtime: Runtime, overlap: bool, monkeypatch: pytest.MonkeyPatch
+    runtime: Runtime, overlap: bool, depth: int, max_batch: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """depth: engine.overlap_depth. Steps that may speculate (at most `max_batch` running) land
+    first; above it, steps keep `depth` in flight, and the engine moves between the two."""
     skipped: list[int] = []  # per verify step: rows past a refusal, whose logits were never computed
 
     def spy(*args: Any) -> tuple[SampleResult, torch.Tensor]:
@@ -102,10 +104,21 @@ def test_the_workload_gives_the_same_outputs_with_speculation(
 
     workload = WORKLOAD + GROUNDED
     plain = drive(runtime, overlap=False, workload=workload)
-    spec = speculator(runtime)
+    spec = speculator(runtime, max_batch=max_batch)
     monkeypatch.setattr(model_runner, "sample_in_rounds", spy)
-    fast = drive(runtime, overlap=overlap, workload=workload, spec=spec)
+    pending: list[int] = []  # per launch, the most tokens a sequence of it had in flight
+    real_launch = runtime.runner.launch
+
+    def launch(batch: Any) -> Any:
+        pending.append(max(s.num_pending for s in batch.seqs))
+        return real_launch(batch)
+
+    monkeypatch.setattr(runtime.runner, "launch", launch)
+    fast = drive(runtime, overlap=overlap, workload=workload, spec=spec, depth=depth)
     same_outputs(plain, fast, workload)
+    # max_batch 8 covers every running sequence (max_num_seqs 6): every step may speculate and
+    # lands before the next; with 3, the busier steps keep two in flight
+    assert max(pending) == (2 if depth == 2 else 0)
     assert skipped and max(skipped) > 0  # the CPU verify steps went in rounds (verify_rounds.py)
     st = spec.stats
     assert st.accepted > 0 and st.drafted > st.accepted  # drafts were kept, and some refused
