@@ -150,6 +150,8 @@ def level(srv: RilletServer, streams: int, tokens: int, stream: bool, prompt: st
         # from the first request to finish to the last: when every request ends at the same step
         # (same max_tokens), the time the front end takes to deliver the rest after the engine
         "tail_s": res.wall_s - min(res.latencies) if res.latencies else None,
+        # streamed: the median request's time to its first token (the burst's prefill included)
+        "ttft_p50_s": statistics.median(res.ttft) if stream and res.ttft else None,
     }
 
 
@@ -161,6 +163,11 @@ def _steady(runs: list[dict[str, Any]]) -> dict[str, float | None]:
     if not steps:
         return {"mid_step_ms": None, "mid_host_ms": None}
     return {"mid_step_ms": busy / steps * 1000, "mid_host_ms": (busy - wait) / steps * 1000}
+
+
+def _mean_ms(xs: list[float | None]) -> float | None:
+    got = [x for x in xs if x is not None]
+    return statistics.mean(got) * 1000 if got else None
 
 
 def aggregate(runs: list[dict[str, Any]], streams: int, stream: bool) -> dict[str, Any]:
@@ -187,6 +194,7 @@ def aggregate(runs: list[dict[str, Any]], streams: int, stream: bool) -> dict[st
         if any(r["tail_s"] is not None for r in runs)
         else None,
         "host_ms": (busy - wait) / steps * 1000 if steps else None,
+        "ttft_ms": _mean_ms([r.get("ttft_p50_s") for r in runs]),
         **_steady(runs),
         "errors": sum(r["errors"] for r in runs),
         "runs": runs,
@@ -283,6 +291,7 @@ def main() -> None:
         "mid_step_ms",
         "mid_host_ms",
         "tail_ms",
+        "ttft_ms",
         "loop_us_per_tok",
         "stream_vs_nonstream",
         "svn_min",
