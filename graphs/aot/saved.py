@@ -11,12 +11,11 @@ compile holds neither this process's GIL nor its cores' time slices.
 from __future__ import annotations
 
 import logging
-import tempfile
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 from threading import Event
 from typing import Any, Protocol
 
@@ -114,12 +113,14 @@ class SavedSteps:
             else:
                 assert verify_example is not None, "a verify step needs a verify example"
                 program = export_verify(self.model, verify_example)
-            store.root.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(prefix=".build-", dir=store.root) as tmp:
+            tmp = store.build_dir()  # a killed build's is deleted by the next one (store.sweep)
+            try:
                 frozen = self.weights_key if self.freeze else None
-                library = build_library(program, self.mode, frozen, Path(tmp), GEMM_BACKENDS.get(name))
+                library = build_library(program, self.mode, frozen, tmp, GEMM_BACKENDS.get(name))
                 seconds = time.perf_counter() - start
                 path = store.save(self.keys[name], library, seconds)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
             say(f"built the {name} step in {seconds:.1f} s: {path}")
 
     def obtain(

@@ -9,6 +9,9 @@ a whole artifact or none. On load everything is checked before a byte of machine
 the manifest's key against this process's (another torch, ISA cap or thread count: refused), and
 the library's size and digest against the manifest (truncated, flipped bytes: refused). A refused
 artifact is logged as a warning, deleted, and reported as a miss, so the caller builds it anew.
+A build works in `.build-<pid>-*` and saves through `.<graph>.<pid>.*.tmp`; the next build deletes
+those of processes that are gone (a build killed mid-way, e.g. a server stopped during its first
+start), never a live one's.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ logger = logging.getLogger(__name__)
 LIBRARY = "step.so"
 EXTERN = "step.json"  # AOTInductor's runner looks for it beside the library, by the library's name
 MANIFEST = "manifest.json"
+BUILD_PREFIX = ".build-"  # .build-<pid>-<random>: one build's working folder (build_dir)
+SAVE_SUFFIX = ".tmp"  # .<graph>.<pid>.<random>.tmp: an artifact being saved (save)
+UNNAMED_BUILD_AGE_S = 3600.0  # a build folder without a pid (older rillet) is stale after this
 
 
 class ArtifactStore:
@@ -56,10 +62,37 @@ class ArtifactStore:
         logger.warning("compiled artifact %s refused (%s): deleted, it will be built again", folder, why)
         shutil.rmtree(folder, ignore_errors=True)
 
+    def build_dir(self) -> Path:
+        """A fresh folder under the root for one build's files, named for this process, so that a
+        build killed before it cleaned up is found and deleted by the next (`sweep`)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.sweep()
+        path = self.root / f"{BUILD_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        path.mkdir()
+        return path
+
+    def sweep(self) -> list[Path]:
+        """Deletes the build and save folders of processes that are gone (a build killed mid-way
+        leaves its folder: up to a whole library, ~190 MB for the default model); returns them."""
+        gone = []
+        for path in self.root.glob(".*"):
+            pid = _owner(path.name)
+            if pid is None and path.name.startswith(BUILD_PREFIX):  # named before the pid was in it
+                with contextlib.suppress(OSError):
+                    if time.time() - path.stat().st_mtime > UNNAMED_BUILD_AGE_S:
+                        shutil.rmtree(path, ignore_errors=True)
+                        gone.append(path)
+            elif pid is not None and not _alive(pid):
+                shutil.rmtree(path, ignore_errors=True)
+                gone.append(path)
+        if gone:
+            logger.info("deleted %d folder(s) of builds that did not finish: %s", len(gone), gone)
+        return gone
+
     def save(self, key: ArtifactKey, library: Path, seconds: float) -> Path:
         """Moves the built `library` into the artifact of `key`; returns its final path."""
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f".{key.graph}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        tmp = self.root / f".{key.graph}.{os.getpid()}.{uuid.uuid4().hex[:8]}{SAVE_SUFFIX}"
         tmp.mkdir()
         try:
             shutil.move(str(library), tmp / LIBRARY)
@@ -142,3 +175,25 @@ def _file_problem(path: Path, size: int, digest: str) -> str | None:
 def file_sha256(path: Path) -> str:
     with path.open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _owner(name: str) -> int | None:
+    """The pid in the name of a build or save folder, else None (not one of ours: kept)."""
+    if name.startswith(BUILD_PREFIX):
+        field = name[len(BUILD_PREFIX) :].split("-")[0]
+    elif name.endswith(SAVE_SUFFIX) and name.count(".") >= 4:
+        field = name.split(".")[-3]
+    else:
+        return None
+    return int(field) if field.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
