@@ -65,6 +65,7 @@ VARIANTS: dict[str, Variant] = {
     "match-k8-c0.05": Variant(8, row_cost=0.05),
     "match-k8-c0.15": Variant(8, row_cost=0.15),
     "match-k8-c0.2": Variant(8, row_cost=0.2),  # speculative.row_cost's CPU default (2026-12-03)
+    "match-k7-c0.2": Variant(7, row_cost=0.2),  # 8 query rows: the AMX Xeon's verify cost jumps at 9
     "match-k8-c0.3": Variant(8, row_cost=0.3),
     "match-k8-c0.4": Variant(8, row_cost=0.4),
     "match-k8-c0.5": Variant(8, row_cost=0.5),
