@@ -159,10 +159,8 @@ class EngineCore(StepLanding):
             if self._flights:  # nothing new to run: the oldest in flight is landed all the same
                 deltas.extend(self._land())
         else:
-            while len(self._flights) >= max(self.depth, 1):
-                deltas.extend(self._land())
             self._flights.append(Flight(launched, self.steps, verifies))
-            if not self.depth:
+            while len(self._flights) > self.depth:  # oldest first: depth 0 lands this one
                 deltas.extend(self._land())
         if share is not None and batch.seqs:
             rows = len(batch.seqs) - batch.embed_rows
