@@ -74,17 +74,9 @@ class ArtifactStore:
     def sweep(self) -> list[Path]:
         """Deletes the build and save folders of processes that are gone (a build killed mid-way
         leaves its folder: up to a whole library, ~190 MB for the default model); returns them."""
-        gone = []
-        for path in self.root.glob(".*"):
-            pid = _owner(path.name)
-            if pid is None and path.name.startswith(BUILD_PREFIX):  # named before the pid was in it
-                with contextlib.suppress(OSError):
-                    if time.time() - path.stat().st_mtime > UNNAMED_BUILD_AGE_S:
-                        shutil.rmtree(path, ignore_errors=True)
-                        gone.append(path)
-            elif pid is not None and not _alive(pid):
-                shutil.rmtree(path, ignore_errors=True)
-                gone.append(path)
+        gone = [path for path in self.root.glob(".*") if _stale(path)]
+        for path in gone:
+            shutil.rmtree(path, ignore_errors=True)
         if gone:
             logger.info("deleted %d folder(s) of builds that did not finish: %s", len(gone), gone)
         return gone
@@ -177,6 +169,20 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def _stale(path: Path) -> bool:
+    """A build or save folder of a process that is gone; one named before the pid was in it
+    (older rillet) once it is UNNAMED_BUILD_AGE_S old. Anything else is not ours: kept."""
+    pid = _owner(path.name)
+    if pid is not None:
+        return not _alive(pid)
+    if not path.name.startswith(BUILD_PREFIX):
+        return False
+    try:
+        return time.time() - path.stat().st_mtime > UNNAMED_BUILD_AGE_S
+    except OSError:  # gone meanwhile
+        return False
+
+
 def _owner(name: str) -> int | None:
     """The pid in the name of a build or save folder, else None (not one of ours: kept)."""
     if name.startswith(BUILD_PREFIX):
@@ -196,4 +202,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's process: alive
         return True
     return True
-
