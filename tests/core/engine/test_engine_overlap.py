@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drivers.workload import EOS, WORKLOAD, Req, check_deltas, drive, prompt, save_eos_model
+from drivers.workload import (
+    EOS,
+    WORKLOAD,
+    Req,
+    check_deltas,
+    drive,
+    pending_at_launch,
+    prompt,
+    save_eos_model,
+)
 from rillet.core.config import config_from_dict
 from rillet.core.runtime import Runtime, load_runtime
 from rillet.core.sampling_params import SamplingParams as P
@@ -45,14 +54,7 @@ def test_overlap_on_and_off_give_the_same_tokens(
     """depth: engine.overlap_depth, the steps in flight (2: a sequence holds up to two pending
     tokens, a preempted one up to two in flight, a stop or abort is seen two launches late)."""
     off = drive(runtime, overlap=False, workload=WORKLOAD)
-    pending: list[int] = []  # per launch, the most tokens a sequence of it had in flight
-    real_launch = runtime.runner.launch
-
-    def spy(batch: Any) -> Any:
-        pending.append(max(s.num_pending for s in batch.seqs))
-        return real_launch(batch)
-
-    monkeypatch.setattr(runtime.runner, "launch", spy)
+    pending = pending_at_launch(runtime, monkeypatch)
     on = drive(runtime, overlap=True, workload=WORKLOAD, depth=depth)
     assert max(pending) == depth  # decodes fed from the future buffer with `depth` tokens unseen
     check_deltas(off, WORKLOAD)

@@ -13,7 +13,17 @@ from typing import Any
 
 import pytest
 import torch
-from drivers.workload import EOS, WORKLOAD, Req, Run, check_deltas, drive, prompt, save_eos_model
+from drivers.workload import (
+    EOS,
+    WORKLOAD,
+    Req,
+    Run,
+    check_deltas,
+    drive,
+    pending_at_launch,
+    prompt,
+    save_eos_model,
+)
 from rillet.core.config import RilletConfig, config_from_dict
 from rillet.core.engine.core import EngineCore
 from rillet.core.llm import LLM
@@ -106,14 +116,7 @@ def test_the_workload_gives_the_same_outputs_with_speculation(
     plain = drive(runtime, overlap=False, workload=workload)
     spec = speculator(runtime, max_batch=max_batch)
     monkeypatch.setattr(model_runner, "sample_in_rounds", spy)
-    pending: list[int] = []  # per launch, the most tokens a sequence of it had in flight
-    real_launch = runtime.runner.launch
-
-    def launch(batch: Any) -> Any:
-        pending.append(max(s.num_pending for s in batch.seqs))
-        return real_launch(batch)
-
-    monkeypatch.setattr(runtime.runner, "launch", launch)
+    pending = pending_at_launch(runtime, monkeypatch)
     fast = drive(runtime, overlap=overlap, workload=workload, spec=spec, depth=depth)
     same_outputs(plain, fast, workload)
     # max_batch 8 covers every running sequence (max_num_seqs 6): every step may speculate and

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from rillet.core.engine.core import EngineCore
 from rillet.core.outputs import SeqDelta
@@ -94,6 +95,20 @@ def make_seqs(req: Req, ids: itertools.count[int]) -> list[Seq]:
         seq.leader = seqs[0] if seqs else None
         seqs.append(seq)
     return seqs
+
+
+def pending_at_launch(rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Filled as the runner launches: per launch, the most tokens a sequence of it had in flight
+    (engine.overlap: decodes fed from the future buffer with that many tokens unseen)."""
+    pending: list[int] = []
+    real_launch = rt.runner.launch
+
+    def launch(batch: Any) -> Any:
+        pending.append(max(s.num_pending for s in batch.seqs))
+        return real_launch(batch)
+
+    monkeypatch.setattr(rt.runner, "launch", launch)
+    return pending
 
 
 def drive(
