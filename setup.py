@@ -28,5 +28,9 @@ setup(
     packages=rillet_packages(),
     package_dir={"rillet": "."},
     # the browser page (http/ui/): plain HTML, CSS and JS, served from the installed package
-    package_data={"rillet.http.ui.static": ["*"], "rillet.core.quant": ["kernels/*.cpp"]},
+    package_data={
+        "rillet.http.ui.static": ["*"],
+        "rillet.core.quant": ["kernels/*.cpp"],
+        "rillet.core.attention": ["kernels/*.cpp"],
+    },
 )

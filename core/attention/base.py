@@ -79,6 +79,8 @@ class AttentionBackend(ABC):
     """Writes this step's K/V into the paged cache and attends over it."""
 
     name: str = "base"
+    # what else of this backend shapes a traced step (a saved step's key, graph_adapter.py)
+    variant: str = ""
     # True when forward() reads only device tensors planned in begin_step(): safe to capture.
     supports_cuda_graphs: bool = False
     # True when forward() takes a DecodeMetadata for decode steps (tensors only, no planning), and

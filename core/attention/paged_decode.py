@@ -22,6 +22,7 @@ multiplied in where the values are read (attention/kv_cache.py), traced like the
 from __future__ import annotations
 
 import torch
+from rillet.core.attention import cpu_kernel
 from rillet.core.attention.base import DecodeMetadata
 from rillet.core.attention.kv_cache import Scales, gather, gather_blocks, rotate, rotated, write_rows
 
@@ -51,10 +52,14 @@ def paged_decode_attention(
     window: int | None = None,
     softcap: float | None = None,
     scales: Scales | None = None,
+    kernel: bool = False,
 ) -> torch.Tensor:  # [B, Hq, D]
     """Writes this step's K/V, then each row attends over its first seq_lens[b] cached tokens
-    (its last `window` of them for a sliding layer)."""
+    (its last `window` of them for a sliding layer). `kernel`: through rillet's CPU kernel
+    (cpu_kernel.py) where it serves the layer: no int8 pool, no soft-capping."""
     write_decode_kv(k, v, k_cache, v_cache, meta.slot_mapping, scales)
+    if kernel and scales is None and softcap is None:
+        return cpu_kernel.attend(q.unsqueeze(1), k_cache, v_cache, meta, scale, window).squeeze(1)
     if rotated(scales):  # an int8 pool holds K/V rotated: attend in its space (kv_cache.py)
         q = rotate(q)
     if torch.compiler.is_compiling():

@@ -17,6 +17,7 @@ written and read beside its codes, as there.
 from __future__ import annotations
 
 import torch
+from rillet.core.attention import cpu_kernel
 from rillet.core.attention.base import VerifyMetadata
 from rillet.core.attention.kv_cache import Scales, gather, gather_blocks, rotate, rotated
 from rillet.core.attention.paged_decode import attend_over_blocks, write_decode_kv
@@ -33,8 +34,13 @@ def paged_verify_attention(
     window: int | None = None,
     softcap: float | None = None,
     scales: Scales | None = None,
+    kernel: bool = False,
 ) -> torch.Tensor:  # [B * Q, Hq, D]
+    """`kernel`: through rillet's CPU kernel (cpu_kernel.py), as paged_decode.py's."""
     write_decode_kv(k, v, k_cache, v_cache, meta.slot_mapping.reshape(-1), scales)
+    if kernel and scales is None and softcap is None:
+        qr = q.view(*meta.slot_mapping.shape, *q.shape[1:])  # [B, Q, Hq, D]
+        return cpu_kernel.attend(qr, k_cache, v_cache, meta, scale, window).flatten(0, 1)
     if rotated(scales):  # an int8 pool holds K/V rotated: attend in its space (kv_cache.py)
         q = rotate(q)
     if torch.compiler.is_compiling():  # capped scores take the reductions (SDPA has no softcap)

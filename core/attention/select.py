@@ -162,9 +162,12 @@ def create_attention_backend(
     `flashinfer_prefill_backend` = the kernels of flashinfer's prefill wrapper (fa2 | fa3 | auto);
     `kv_dtype` = the pool's storage dtype (None: `dtype`). The torch backend reads any."""
     if name == "torch":
+        from rillet.core.attention import cpu_kernel
         from rillet.core.attention.torch_backend import TorchAttentionBackend
 
-        return TorchAttentionBackend()
+        group = arch.num_heads // arch.num_kv_heads
+        kernel = cpu_kernel.enabled(arch.head_dim, group, kv_dtype or dtype, device)
+        return TorchAttentionBackend(paged_kernel=kernel)
     if name == "flashinfer":
         from rillet.core.attention.flashinfer_backend import FlashInferAttentionBackend
 

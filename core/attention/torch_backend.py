@@ -14,7 +14,7 @@ holds K/V rotated (attention/kv_cache.py): the query is rotated in and the outpu
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -57,10 +57,19 @@ def gather_context(
     return blocks.transpose(1, 2).contiguous()
 
 
+class _GraphOpts(TypedDict):
+    window: int | None
+    softcap: float | None
+    scales: Scales | None
+    kernel: bool
+
+
 class TorchAttentionBackend(AttentionBackend):
     """`trim_decode`: gather decode contexts only up to the longest one (host-side, from
     seq_lens_cpu). Default: on unless the tensors are on CUDA, where a captured graph must not bake
-    in a width taken from host data (the capture-time batch is all padding, seq_len 1)."""
+    in a width taken from host data (the capture-time batch is all padding, seq_len 1).
+    `paged_kernel`: decode and verify steps attend through rillet's CPU kernel (cpu_kernel.py),
+    compiled or eager; prefills keep SDPA."""
 
     name = "torch"
     # decode steps given a DecodeMetadata take the graph-safe path (attention/paged_decode.py):
@@ -68,8 +77,10 @@ class TorchAttentionBackend(AttentionBackend):
     graph_safe_decode = True
     supports_cuda_graphs = True
 
-    def __init__(self, trim_decode: bool | None = None) -> None:
+    def __init__(self, trim_decode: bool | None = None, paged_kernel: bool = False) -> None:
         self.trim_decode = trim_decode
+        self.paged_kernel = paged_kernel
+        self.variant = "paged-kernel" if paged_kernel else ""
 
     def forward(
         self,
@@ -85,14 +96,11 @@ class TorchAttentionBackend(AttentionBackend):
         softcap: float | None = None,
         scales: Scales | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
+        graph = _GraphOpts(window=window, softcap=softcap, scales=scales, kernel=self.paged_kernel)
         if isinstance(meta, DecodeMetadata):  # the graph-safe decode step (compiled / captured)
-            return paged_decode_attention(
-                q, k, v, k_cache, v_cache, meta, scale, window=window, softcap=softcap, scales=scales
-            )
+            return paged_decode_attention(q, k, v, k_cache, v_cache, meta, scale, **graph)
         if isinstance(meta, VerifyMetadata):  # the graph-safe speculative verify step
-            return paged_verify_attention(
-                q, k, v, k_cache, v_cache, meta, scale, window=window, softcap=softcap, scales=scales
-            )
+            return paged_verify_attention(q, k, v, k_cache, v_cache, meta, scale, **graph)
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping, scales)
         opts = _Opts(scale, window, softcap, scales)
         if rotated(scales):  # an int8 pool holds K/V rotated: attend in its space (kv_cache.py)

@@ -94,7 +94,7 @@ class DecoderGraphAdapter:
         parts = [
             self.model.arch.to_json(),
             str(self.model.embed_tokens.dtype),
-            self.model.backend.name,
+            self.model.backend.name + self.model.backend.variant,
             repr(pool),
             str(self.block_size),
             _source(),
