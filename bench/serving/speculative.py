@@ -7,7 +7,8 @@ greedy chat requests at batch 1 and 8 (C concurrent clients), streamed and not, 
       (`--prompt-sets` picks sets);
   (b) chat: open questions, where they rarely are (the target: no slower than without).
 Modes (--modes): off and ngram serve the default config (int4 weights on CPU; off-torch-int4 and
-ngram-torch-int4 the same through torch's int4 kernel instead of rillet's); the draft model
+ngram-torch-int4 the same through torch's int4 kernel instead of rillet's; off-gemm-attention and
+ngram-gemm-attention with the steps' attention as GEMMs instead of rillet's kernel); the draft model
 has nothing smaller to draft with here, so `draft` serves the default model in float32 with the
 same GGUF drafting for it in int4, compared with `off-fp32` (the float32 target alone).
 Reported per mode, set, batch and streaming: tok/s (completion tokens from `usage` / wall time),
@@ -48,6 +49,7 @@ from bench.lib.spec_client import Batch, batch, spec_counters
 from bench.lib.spec_prompts import SETS
 
 TORCH_INT4 = {"RILLET_INT4_KERNEL": "aten"}  # int4 through torch's kernel (core/quant/rows_kernel.py)
+GEMM_ATTENTION = {"RILLET_ATTENTION_KERNEL": "torch"}  # attention as GEMMs (core/attention/cpu_kernel.py)
 
 
 def modes(gguf: str) -> dict[str, tuple[list[str], str | None, dict[str, str]]]:
@@ -66,6 +68,9 @@ def modes(gguf: str) -> dict[str, tuple[list[str], str | None, dict[str, str]]]:
         # the same two with torch's int4 kernel instead of rillet's: before 2026-12-04
         "off-torch-int4": ([], "off", TORCH_INT4),
         "ngram-torch-int4": (["speculative.method=ngram"], "off-torch-int4", TORCH_INT4),
+        # the same two with the decode and verify steps' attention as GEMMs: before 2026-12-05
+        "off-gemm-attention": ([], "off", GEMM_ATTENTION),
+        "ngram-gemm-attention": (["speculative.method=ngram"], "off-gemm-attention", GEMM_ATTENTION),
     }
 
 
