@@ -67,6 +67,7 @@ def measure(args: argparse.Namespace, rows: int, nq: int) -> dict[str, Any]:
     hq, hkv, d = args.heads
     q, kc, vc, meta = case(rows, nq, args.context, hq, hkv, d)
     scale = d**-0.5
+    torch._dynamo.reset()  # each case's compiled function closes over its own pool
     compiled = gemm_path(kc, vc, scale)
     warm = case(2, 5, 3 * BS, hq, hkv, d)  # the saved steps' example: 2 rows (graphs/verify.py)
     compiled(warm[0], warm[3].slot_mapping, warm[3].seq_lens, warm[3].query_lens, warm[3].block_tables)
