@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from rillet.core.attention import cpu_kernel
 from rillet.core.attention.base import AttentionBackend
 from rillet.core.attention.invariant import InvariantAttentionBackend
 from rillet.core.attention.kv_cache import bytes_per_token, resolve_kv_dtype
@@ -149,7 +150,7 @@ def make_backend(
     buckets: tuple[int, ...] = ()
     if device.type == "cuda" and cfg.graphs.enabled != "off":
         buckets = resolve_buckets(cfg.graphs.buckets, cfg.scheduler.max_num_seqs)
-    return create_attention_backend(
+    backend = create_attention_backend(
         sel.backend,
         arch,
         block_size=cfg.cache.block_size,
@@ -160,6 +161,12 @@ def make_backend(
         flashinfer_prefill_backend=cfg.attention.flashinfer_prefill_backend,
         kv_dtype=kv_dtype,
     )
+    if backend.variant == cpu_kernel.VARIANT:
+        log.info(
+            "attention: decode and verify steps through rillet's CPU kernel (%s=torch: GEMMs)",
+            cpu_kernel.KERNEL_ENV,
+        )
+    return backend
 
 
 def load_model(

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "kernels" / "paged_attention.cpp"
 NAME = "rillet_paged_attention"  # its build folder under TORCH_EXTENSIONS_DIR
+VARIANT = "paged-kernel"  # a backend's `variant` when its steps attend through this kernel
 KERNEL_ENV = "RILLET_ATTENTION_KERNEL"  # "torch": keep the GEMM path (A/B benchmarks, a suspected bug)
 DTYPES = (torch.float32, torch.bfloat16)
 FLAGS = [

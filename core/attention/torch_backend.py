@@ -18,6 +18,7 @@ from typing import NamedTuple, TypedDict
 
 import torch
 import torch.nn.functional as F
+from rillet.core.attention import cpu_kernel
 from rillet.core.attention.base import (
     AttentionBackend,
     AttentionMetadata,
@@ -80,7 +81,7 @@ class TorchAttentionBackend(AttentionBackend):
     def __init__(self, trim_decode: bool | None = None, paged_kernel: bool = False) -> None:
         self.trim_decode = trim_decode
         self.paged_kernel = paged_kernel
-        self.variant = "paged-kernel" if paged_kernel else ""
+        self.variant = cpu_kernel.VARIANT if paged_kernel else ""
 
     def forward(
         self,
