@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 from rillet.core.attention.base import DecodeMetadata, VerifyMetadata
-from rillet.core.quant.build_lock import exclusive_build
+from rillet.core.quant.build_lock import load_extension
 
 log = logging.getLogger(__name__)
 
@@ -69,20 +69,9 @@ def available() -> bool:
     run here (the CPU has AVX-512)."""
     if not torch.cpu._is_avx512_supported():
         return False
-    try:
-        from torch.utils import cpp_extension
-
-        with exclusive_build(Path(cpp_extension._get_build_directory(NAME, verbose=False))):
-            cpp_extension.load(
-                NAME,
-                [str(SOURCE)],
-                extra_cflags=["-O3", "-fopenmp", *FLAGS],  # OpenMP: at::parallel_for
-                extra_ldflags=["-fopenmp"],
-                is_python_module=False,
-                verbose=False,
-            )
-    except (OSError, RuntimeError, ImportError) as exc:  # no compiler, no ninja, a failed build
-        log.warning("attention: rillet's paged attention kernel did not build (%s); using GEMMs", exc)
+    failed = load_extension(NAME, SOURCE, FLAGS)
+    if failed is not None:
+        log.warning("attention: rillet's paged attention kernel did not build (%s); using GEMMs", failed)
         return False
     torch.library.register_fake("rillet::paged_attention")(_fake)
     return True

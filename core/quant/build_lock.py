@@ -18,13 +18,36 @@ import contextlib
 import fcntl
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 GUARD = "rillet.flock"
 TORCH_LOCK = "lock"  # torch.utils.cpp_extension's FileBaton in the build folder
+
+
+def load_extension(name: str, source: Path, cflags: Sequence[str] = ()) -> str | None:
+    """Builds (torch caches it under TORCH_EXTENSIONS_DIR) and loads rillet's C++ extension `name`
+    from `source`, one build at a time across processes, with OpenMP (at::parallel_for is OpenMP
+    pragmas in ATen's headers: serial without). None when loaded, else why not (no compiler, no
+    ninja, a failed build)."""
+    try:
+        from torch.utils import cpp_extension
+
+        # torch's own lock may be one a killed build left: exclusive_build tells which
+        with exclusive_build(Path(cpp_extension._get_build_directory(name, verbose=False))):
+            cpp_extension.load(
+                name,
+                [str(source)],
+                extra_cflags=["-O3", "-fopenmp", *cflags],
+                extra_ldflags=["-fopenmp"],
+                is_python_module=False,
+                verbose=False,
+            )
+    except (OSError, RuntimeError, ImportError) as exc:
+        return str(exc)
+    return None
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 
 import torch
-from rillet.core.quant.build_lock import exclusive_build
+from rillet.core.quant.build_lock import load_extension
 
 log = logging.getLogger(__name__)
 
@@ -67,21 +67,9 @@ def available() -> bool:
     """Whether rillet::int4_rows_mm is registered and may run here (built and loaded at first call)."""
     if not torch.cpu._is_avx512_bf16_supported():
         return False
-    try:
-        from torch.utils import cpp_extension
-
-        # torch's own lock may be one a killed build left; build_lock.py tells which
-        with exclusive_build(Path(cpp_extension._get_build_directory(NAME, verbose=False))):
-            cpp_extension.load(
-                NAME,
-                [str(SOURCE)],
-                extra_cflags=["-O3", "-fopenmp"],  # at::parallel_for is OpenMP pragmas in ATen's headers
-                extra_ldflags=["-fopenmp"],
-                is_python_module=False,
-                verbose=False,
-            )
-    except (OSError, RuntimeError, ImportError) as exc:  # no compiler, no ninja, a failed build
-        log.warning("int4: rillet's kernel did not build (%s); using torch's", exc)
+    failed = load_extension(NAME, SOURCE)
+    if failed is not None:
+        log.warning("int4: rillet's kernel did not build (%s); using torch's", failed)
         return False
     torch.library.register_fake("rillet::int4_rows_mm")(_fake)
     torch.library.register_fake("rillet::int4_rows_mm_with")(_fake_with)

@@ -161,3 +161,20 @@ def test_bad_shapes_are_refused() -> None:
     assert not cpu_kernel.enabled(64, 3, torch.int8, cpu)  # an int8 pool keeps the torch path
     assert not cpu_kernel.enabled(72, 3, torch.float32, cpu)
     assert not cpu_kernel.enabled(64, 71, torch.float32, cpu)
+
+
+def test_a_failed_build_keeps_the_gemm_path(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No compiler, no ninja, a compile error: a warning, and the kernel is not used."""
+    from torch.utils import cpp_extension
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("Error building extension 'rillet_paged_attention'")
+
+    monkeypatch.setattr(cpp_extension, "load", fail)
+    with caplog.at_level("WARNING", logger="rillet.core.attention.cpu_kernel"):
+        assert cpu_kernel.available.__wrapped__() is False
+    assert [r.levelname for r in caplog.records if r.name == "rillet.core.attention.cpu_kernel"] == [
+        "WARNING"
+    ]
