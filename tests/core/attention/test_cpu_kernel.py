@@ -178,3 +178,14 @@ def test_a_failed_build_keeps_the_gemm_path(
     assert [r.levelname for r in caplog.records if r.name == "rillet.core.attention.cpu_kernel"] == [
         "WARNING"
     ]
+
+
+def test_a_bfloat16_pool_under_float32_queries() -> None:
+    """The default CPU model's layout when the pool is bfloat16 (cache.dtype) and activations are
+    float32: keys and values widened as they are read."""
+    rows = [(30, 3), (5, 1)]
+    x = Rows(rows, 3, 9, 3, 64, torch.float32, seed=9)
+    x.k_cache, x.v_cache = x.k_cache.bfloat16(), x.v_cache.bfloat16()
+    out = x.verify(kernel=True)
+    assert out.dtype == torch.float32
+    close(real(out, rows, 3), real(x.verify(kernel=False), rows, 3), torch.float32)
