@@ -3,12 +3,13 @@
 The compiled CPU decode and verify steps attended as two batched GEMMs a kv head over each row's
 context, gathered out of the pool into a contiguous copy first, with the softmax and its mask as
 Inductor's fused loops between them (paged_decode.py `gemms_over_context`). On the default model
-that was 90-140 us a layer at batch 1 over 272 cached tokens (1 to 9 queries), a third to a half of
-a decode or verify step: the gather's copy, two GEMM calls too small to pay their set-up, and a
+that was 104-154 us a layer at batch 1 over 272 cached tokens (1 to 9 queries), ~40 % of a saved
+16-query verify step (py-spy): the gather's copy, two GEMM calls too small to pay their set-up, and a
 softmax loop Inductor parallelised over the batch's rows alone (one row: one thread). This kernel
 reads each block of keys and values in place through the block table and keeps an online softmax
 per query row (flash attention's recurrence, 16 keys at a time), the G query heads of a kv head
-and a row's queries sharing each key's load: 30 / 38 / 72 us at 1 / 2 / 9 queries there.
+and a row's queries sharing each key's load: 21 / 28 / 51 us at 1 / 2 / 9 queries there
+(`python -m bench.kernels.paged_attention`, bench/RESULTS.md 2026-12-05).
 
 It is a torch custom op, so the compiled steps (torch.compile and the saved AOTInductor steps) call
 it as an extern kernel. Built on first use by torch's extension builder (~10 s once) for AVX-512,

@@ -10,7 +10,9 @@ dummy block 0 (slot 0, context length 1) and is masked by its length like any ot
 past a row's context are masked the same way, so W may be any width that covers the longest
 context in the step (the full `max_blocks_per_seq` for a CUDA graph, trimmed on CPU).
 
-Compiled, the attention is two batched GEMMs a kv head over the gathered contexts on CPU, torch's
+Where the backend asks for it (`kernel`: a CPU with AVX-512, no int8 pool, no soft cap), eager and
+compiled alike, the attention is rillet's CPU kernel over the pool in place (cpu_kernel.py).
+Otherwise, compiled, it is two batched GEMMs a kv head over the gathered contexts on CPU, torch's
 SDPA over them on CUDA, or (soft-capped scores) two reductions Inductor fuses the block gather
 into; eager, batched matmuls.
 Per-layer options are Python constants of the traced code: a sliding `window` adds
