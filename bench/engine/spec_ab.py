@@ -7,9 +7,11 @@ differences between variants are measured on the same machine state. The engine 
 `speculative.method=ngram`, `num_tokens` = the largest k asked and `max_batch` = the largest batch
 (the verify graph's buffers are sized for them); a variant then swaps the speculator's config and
 n-gram drafter between batches (each request builds its draft length policy and n-gram index when
-it starts, from them), and `verify_rounds.ROUND`. "off" is a drafter that never proposes (every
-step a plain decode); "adaptive" variants size the lookup's drafts as a draft model's are
-(adaptive k, the policy before 2026-12-03), "match" ones by the matched suffix and `row_cost`;
+it starts, from them), and `verify_rounds.ROUND` (a verify step's head rounds, where it goes in
+rounds: torch's int8 kernel; "rounds" variants put the candidate pass of greedy rows in rounds too,
+as before 2026-12-05). "off" is a drafter that never proposes (every step a plain decode);
+"adaptive" variants size the lookup's drafts as a draft model's are (adaptive k, the policy
+before 2026-12-03), "match" ones by the matched suffix and `row_cost`;
 "full-head" ones give plain greedy rows the full int8 LM head instead of its candidate pass
 (core/quant/candidate_head.py), as before 2026-12-03's second session; "flat-prior" ones
 estimate a match length's acceptance over the flat Beta(1, 1) prior instead of the prior by match
@@ -52,6 +54,7 @@ class Variant:
     rows: int = verify_rounds.ROUND  # LM head rows per round
     full_head: bool = False  # plain greedy rows through the full int8 head, not its candidate pass
     flat_prior: bool = False  # ByMatch's prior q = 1/2 for every match length (before 2026-12-03 10:00)
+    rounds: bool = False  # a verify step's head in rounds of `rows` whatever the head (before 12-05)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -71,6 +74,7 @@ VARIANTS: dict[str, Variant] = {
     "match-k8-c0.5": Variant(8, row_cost=0.5),
     "match-k8-c0.6": Variant(8, row_cost=0.6),
     "match-k8-one-round": Variant(8, rows=1_000),
+    "match-k8-c0.2-rounds": Variant(8, row_cost=0.2, rounds=True),  # before 2026-12-05 09:30
     "off-full-head": Variant(0, full_head=True),
     "match-k8-full-head": Variant(8, full_head=True),
     "match-k8-flat-prior": Variant(8, flat_prior=True),
@@ -107,6 +111,11 @@ def _use(llm: LLM, v: Variant, base: Any, candidates: Any) -> None:
     kind = _NoDrafts if v.k == 0 else _AdaptiveNgram if v.policy == "adaptive" else NgramDrafter
     spec.drafter = kind(v.ngram_min, base.ngram_max)
     verify_rounds.ROUND = v.rows
+    model = llm.engine.core.runner.model  # type: ignore[attr-defined]
+    if v.rounds:
+        model.head_per_row_block = lambda argmax_only=False: True
+    else:
+        model.__dict__.pop("head_per_row_block", None)
     draft_length.prior_q = _flat_prior if v.flat_prior else PRIOR_Q
 
 

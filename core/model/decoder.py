@@ -128,6 +128,14 @@ class DecoderModel(nn.Module):
     def _int4(self) -> list[Int4Weight]:
         return [m for m in self.modules() if isinstance(m, Int4Weight)]
 
+    def head_per_row_block(self, argmax_only: bool = False) -> bool:
+        """Whether compute_logits' cost grows with the rows by a pass over the head per block of
+        them: torch's int8 kernel is compute-bound past one row. The float head's GEMM and the
+        candidate pass of plain greedy rows (oneDNN's int8 GEMM) read their weights once a call
+        and cost little more per row (core/runner/verify_rounds.py)."""
+        head = self.quant_head
+        return head is not None and not (argmax_only and head.candidate_head is not None)
+
     def compute_logits(self, hidden: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:
         """hidden [N, H] (rows of `forward`'s output) -> float32 logits [N, V]. `argmax_only`: the
         caller reads only each row's argmax (plain greedy rows), so the int8 head may give its

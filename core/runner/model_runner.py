@@ -24,7 +24,7 @@ from rillet.core.runner.pooling import ChunkPooler, Pooled
 from rillet.core.runner.prompt_logprobs import prompt_logprobs
 from rillet.core.runner.sampler import Sampler
 from rillet.core.runner.step_inputs import StepInputs
-from rillet.core.runner.verify_rounds import Ready, sample_in_rounds
+from rillet.core.runner.verify_rounds import Ready, round_rows, sample_in_rounds
 from rillet.core.sequence import Seq, TokenLogprob
 from rillet.core.spec.grammar import verify_masks
 from rillet.core.spec.verify_layout import padded_verify_batch
@@ -155,6 +155,7 @@ class ModelRunner:
                 inp.sample_seqs,
                 inp.sample_offsets,
                 mask,
+                round_rows(self.model.head_per_row_block(argmax_only)),
             )
             self.inputs.store_sampled(inp, tokens)
             return _Launched(seqs + pooled_seqs, Ready(result), pooled, prompt_lps)

@@ -1,12 +1,16 @@
 """A verify step's LM head and sampling in rounds (CPU): the logits of a position after its
 sequence's first refused draft token are never computed, since that position is never emitted.
 
-On CPU the head is a large share of a verify step. The int8 head is compute-bound past one row:
-1 / 4 / 9 rows cost 0.95 / 1.6 / 4.2 ms on 2 threads (bench/RESULTS.md), and a k = 4 draft keeps
-1.5 tokens on average on input-grounded prompts. So each verify run's positions go `ROUND` at a
-time: round r computes and samples positions [r * ROUND, (r + 1) * ROUND) of the runs whose every
-position so far kept its draft token. Rows that sample once per sequence (a prompt's last chunk, a
-decode) are in the first round.
+On CPU the head is a large share of a verify step. torch's int8 kernel, the head of sampled rows,
+is compute-bound past one row: 1 / 4 / 9 rows cost 0.95 / 1.6 / 4.2 ms on 2 threads
+(bench/RESULTS.md), and a k = 4 draft keeps 1.5 tokens on average on input-grounded prompts. So
+there each verify run's positions go `ROUND` at a time: round r computes and samples positions
+[r * ROUND, (r + 1) * ROUND) of the runs whose every position so far kept its draft token. Rows
+that sample once per sequence (a prompt's last chunk, a decode) are in the first round. A head
+whose cost is its pass over the weights (the candidate pass of plain greedy rows, a float head)
+takes every row in one round (`round_rows`): in a step as the engine runs it (the head's 28 MB
+read from memory) the default model's candidate pass costs ~1.8 ms a call and a few hundredths of
+a ms a row, so a second round cost more than the rows it saved (bench/RESULTS.md, 2026-12-05).
 
 The emitted tokens are those of sampling every row at once: a row's logits are bitwise the same
 in any grouping of rows (the head's rows are independent; tests/core/quant), and each row is
@@ -34,6 +38,7 @@ from rillet.core.structured.masks import PendingMask
 
 ROUND = ROW_BLOCK  # positions per run and round: the int8 head's block of rows
 NOT_COMPUTED = -1  # the token of a row past its run's first refusal
+ALL = 1 << 30  # positions per round: every position of every run in the first
 
 
 @dataclass(slots=True)
@@ -54,6 +59,7 @@ def sample_in_rounds(
     owners: list[Seq],  # [S]: each row's sequence (StepInputs.sample_seqs): its draft_ids
     offsets: list[int],  # [S]: each row's position in its verify run
     mask: PendingMask | None,  # grammar bitmasks of the step's rows (core/spec/grammar.py)
+    per_round: int,  # positions of each run per round (round_rows)
 ) -> tuple[SampleResult, torch.Tensor]:
     """-> the step's SampleResult over all S rows (NOT_COMPUTED past a refusal) and its tokens [S]."""
     total = len(views)
@@ -62,7 +68,7 @@ def sample_in_rounds(
     active = runs_of(offsets)
     first = 0  # the round's first position in each run
     while active:
-        rows = [s + j for s, n in active for j in range(first, min(first + ROUND, n))]
+        rows = [s + j for s, n in active for j in range(first, min(first + per_round, n))]
         picked = hidden if len(rows) == total else hidden.index_select(0, _index(rows, hidden.device))
         part_mask = None if mask is None else mask.take(rows)
         got = (
@@ -70,12 +76,18 @@ def sample_in_rounds(
         )
         for i, token, lp in zip(rows, got.token_ids, got.logprobs, strict=True):
             tokens[i], logprobs[i] = token, lp
-        last = first + ROUND
+        last = first + per_round
         active = [
             (s, n) for s, n in active if n > last and _kept(owners[s].draft_ids, tokens, s, first, last)
         ]
         first = last
     return SampleResult(tokens, logprobs), torch.tensor(tokens, dtype=torch.int64, device=hidden.device)
+
+
+def round_rows(per_row_block: bool) -> int:
+    """Positions of a run per round: `ROUND` where the head costs a pass per block of rows
+    (DecoderModel.head_per_row_block), else all of them in one round."""
+    return ROUND if per_row_block else ALL
 
 
 def _kept(draft: list[int], tokens: list[int], start: int, first: int, last: int) -> bool:

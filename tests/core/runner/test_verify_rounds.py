@@ -4,11 +4,13 @@ is the one sampling all rows at once gives."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import torch
+from rillet.core.model.decoder import DecoderModel
 from rillet.core.runner.sampler import Sampler
-from rillet.core.runner.verify_rounds import NOT_COMPUTED, ROUND, sample_in_rounds
+from rillet.core.runner.verify_rounds import ALL, NOT_COMPUTED, ROUND, round_rows, sample_in_rounds
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import Seq
 from rillet.core.spec.views import accepted_run, position_views
@@ -52,7 +54,7 @@ def test_rows_past_the_first_refusal_are_never_computed_and_the_rest_sample_as_o
         return rows @ weight.t()
 
     result, tokens = sample_in_rounds(
-        logits_of, Sampler(VOCAB, (), CPU, seed=2), hidden, views, owners, offsets, None
+        logits_of, Sampler(VOCAB, (), CPU, seed=2), hidden, views, owners, offsets, None, ROUND
     )
 
     assert tokens.tolist() == result.token_ids
@@ -88,9 +90,54 @@ def test_a_run_that_fits_one_round_is_one_head_call() -> None:
 
     views = position_views(owners, offsets)
     result, _ = sample_in_rounds(
-        logits_of, Sampler(VOCAB, (), CPU), torch.zeros(ROUND, HIDDEN), views, owners, offsets, None
+        logits_of, Sampler(VOCAB, (), CPU), torch.zeros(ROUND, HIDDEN), views, owners, offsets, None, ROUND
     )
     assert calls == [ROUND] and result.token_ids == [7] * ROUND
+
+
+def test_one_round_computes_every_row_in_one_call_and_emits_the_same_tokens() -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(VOCAB, HIDDEN)
+    plan = [(9, 5), (2, 0), (0, 0)]  # (draft length, draft tokens kept)
+    owners_by_seq = [seq(i, temperature=0.0) for i in range(len(plan))]
+    owners = [s for s, (k, _) in zip(owners_by_seq, plan, strict=True) for _ in range(k + 1)]
+    offsets = [j for k, _ in plan for j in range(k + 1)]
+    hidden = torch.randn(len(owners), HIDDEN)
+    want = (hidden @ weight.t()).argmax(-1).tolist()
+    start = 0
+    for s, (k, kept) in zip(owners_by_seq, plan, strict=True):
+        s.draft_ids = [want[start + j] if j < kept else (want[start + j] + 1) % VOCAB for j in range(k)]
+        start += k + 1
+    views = position_views(owners, offsets)
+    calls: list[int] = []
+
+    def logits_of(rows: torch.Tensor) -> torch.Tensor:
+        calls.append(len(rows))
+        return rows @ weight.t()
+
+    def run(per_round: int) -> list[int]:
+        args = (logits_of, Sampler(VOCAB, (), CPU), hidden, views, owners, offsets, None, per_round)
+        return sample_in_rounds(*args)[0].token_ids
+
+    in_rounds = run(ROUND)
+    assert calls == [ROUND + 3 + 1, 4] and NOT_COMPUTED in in_rounds
+    calls.clear()
+    assert run(ALL) == want and calls == [len(owners)]
+    # every emitted token (up to and with a run's first refusal) is the same either way
+    assert all(t == want[i] for i, t in enumerate(in_rounds) if t != NOT_COMPUTED)
+
+
+def test_only_torchs_int8_head_goes_in_rounds() -> None:
+    """DecoderModel.head_per_row_block: the full int8 head costs a pass per block of rows; its
+    candidate pass for plain greedy rows, and a float head, read the weights once a call."""
+    with_candidates = SimpleNamespace(quant_head=SimpleNamespace(candidate_head=object()))
+    without = SimpleNamespace(quant_head=SimpleNamespace(candidate_head=None))
+    per_block = DecoderModel.head_per_row_block
+    assert not per_block(with_candidates, argmax_only=True)  # type: ignore[arg-type]
+    assert per_block(with_candidates, argmax_only=False)  # type: ignore[arg-type]
+    assert per_block(without, argmax_only=True)  # type: ignore[arg-type]
+    assert not per_block(SimpleNamespace(quant_head=None), argmax_only=False)  # type: ignore[arg-type]
+    assert round_rows(True) == ROUND and round_rows(False) == ALL
 
 
 def test_a_mask_taken_for_some_rows_keeps_their_bitmask_rows() -> None:
