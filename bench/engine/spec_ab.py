@@ -11,8 +11,9 @@ it starts, from them), and `verify_rounds.ROUND` (a verify step's head rounds, w
 rounds: torch's int8 kernel; "rounds" variants put the candidate pass of greedy rows in rounds too,
 as before 2026-12-05). "off" is a drafter that never proposes (every step a plain decode);
 "adaptive" variants size the lookup's drafts as a draft model's are (adaptive k, the policy
-before 2026-12-03), "match" ones by the matched suffix and `row_cost`;
-"full-head" ones give plain greedy rows the full int8 LM head instead of its candidate pass
+before 2026-12-03), "match" ones by the matched suffix and `row_cost`, "rate" ones by the matched
+suffix at the most tokens per unit of step time (tried on 2026-12-05, not taken); "full-head" ones
+give plain greedy rows the full int8 LM head instead of its candidate pass
 (core/quant/candidate_head.py), as before 2026-12-03's second session; "flat-prior" ones
 estimate a match length's acceptance over the flat Beta(1, 1) prior instead of the prior by match
 length (core/spec/draft_length.py), as before 2026-12-03 10:00.
@@ -31,13 +32,14 @@ import dataclasses
 import statistics
 import time
 from collections import defaultdict
+from functools import partial
 from typing import Any
 
 from rillet.core.llm import LLM
 from rillet.core.runner import verify_rounds
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import Seq
-from rillet.core.spec import draft_length
+from rillet.core.spec import draft_length, speculator
 from rillet.core.spec.drafter import Draft
 from rillet.core.spec.ngram import NgramDrafter
 
@@ -49,8 +51,10 @@ from bench.lib.spec_prompts import SETS
 class Variant:
     k: int  # 0: off
     ngram_min: int = 1
-    policy: str = "match"  # match: ByMatch (row_cost) | adaptive: AdaptiveK
+    # match: ByMatch (row_cost) | rate: the most tokens per step time (_Rate) | adaptive: AdaptiveK
+    policy: str = "match"
     row_cost: float = 0.1
+    verify_cost: float = 0.11  # rate only
     rows: int = verify_rounds.ROUND  # LM head rows per round
     full_head: bool = False  # plain greedy rows through the full int8 head, not its candidate pass
     flat_prior: bool = False  # ByMatch's prior q = 1/2 for every match length (before 2026-12-03 10:00)
@@ -75,6 +79,8 @@ VARIANTS: dict[str, Variant] = {
     "match-k8-c0.6": Variant(8, row_cost=0.6),
     "match-k8-one-round": Variant(8, rows=1_000),
     "match-k8-c0.2-rounds": Variant(8, row_cost=0.2, rounds=True),  # before 2026-12-05 09:30
+    "rate-k8": Variant(8, policy="rate", row_cost=0.05),  # the costs measured on 2026-12-05
+    "rate-k8-v0.2": Variant(8, policy="rate", row_cost=0.05, verify_cost=0.2),
     "off-full-head": Variant(0, full_head=True),
     "match-k8-full-head": Variant(8, full_head=True),
     "match-k8-flat-prior": Variant(8, flat_prior=True),
@@ -88,6 +94,7 @@ def _flat_prior(match: int) -> float:
 
 
 PRIOR_Q = draft_length.prior_q
+BY_MATCH = speculator.ByMatch
 
 
 class _NoDrafts(NgramDrafter):
@@ -99,6 +106,35 @@ class _AdaptiveNgram(NgramDrafter):
     cheap = False  # the speculator then sizes its drafts with adaptive k, as a draft model's
 
 
+class _Rate(draft_length.ByMatch):
+    """ByMatch with the draft length that makes the most tokens per unit of step time, tried on
+    2026-12-05 and not taken (bench/RESULTS.md): k maximizes (1 + q + ... + q^k) / (1 + B (verify
+    + k row_cost)), k = 0 giving 1, instead of keeping the j-th token while q^j >= B row_cost."""
+
+    __slots__ = ("verify_cost",)
+
+    def __init__(self, k_max: int, row_cost: float, verify_cost: float) -> None:
+        super().__init__(k_max, row_cost)
+        self.verify_cost = verify_cost
+
+    def keep(self, draft: Draft, batch: int = 1) -> int:
+        accepted, refused = self.stats.get(draft.match, (0.0, 0.0))
+        weight = draft_length.PRIOR_WEIGHT
+        q = (accepted + weight * draft_length.prior_q(draft.match)) / (accepted + refused + weight)
+        k, best, tokens, reach = 0, 1.0, 1.0, 1.0
+        for j in range(1, len(draft.tokens) + 1):
+            reach *= q
+            tokens += reach
+            rate = tokens / (1.0 + batch * (self.verify_cost + j * self.row_cost))
+            if rate > best:
+                k, best = j, rate
+        if k == 0 and draft.tokens:
+            decay = draft_length.SKIP_DECAY
+            self.stats[draft.match] = (accepted * decay, refused * decay)
+        self._match = draft.match
+        return k
+
+
 def _use(llm: LLM, v: Variant, base: Any, candidates: Any) -> None:
     head = llm.engine.core.runner.model.quant_head  # type: ignore[attr-defined]
     if head is not None:
@@ -108,6 +144,8 @@ def _use(llm: LLM, v: Variant, base: Any, candidates: Any) -> None:
     spec.cfg = dataclasses.replace(
         base, ngram_min=v.ngram_min, num_tokens=v.k or base.num_tokens, row_cost=v.row_cost
     )
+    by_match = partial(_Rate, verify_cost=v.verify_cost) if v.policy == "rate" else BY_MATCH
+    speculator.ByMatch = by_match  # type: ignore[assignment]
     kind = _NoDrafts if v.k == 0 else _AdaptiveNgram if v.policy == "adaptive" else NgramDrafter
     spec.drafter = kind(v.ngram_min, base.ngram_max)
     verify_rounds.ROUND = v.rows
