@@ -19,7 +19,9 @@ estimate a match length's acceptance over the flat Beta(1, 1) prior instead of t
 length (core/spec/draft_length.py), as before 2026-12-03 10:00.
 Prompts: the server bench's grounded and chat sets (`--prompts`: any of its sets), through the
 model's chat template, greedy, 128 tokens max; at batch B they go B at a time. Reports per
-variant the best and median wall time of a set and tok/s, and the engine's peak RSS.
+variant the best and median wall time of a set and tok/s, how many prompts' greedy tokens equal
+spec off's (the same engine: a verify step's rows and a plain step's round alike only where both
+take one saved step, README "Speculative decoding"), and the engine's peak RSS.
 
     .venv/bin/python -m bench.engine.spec_ab                              # batch 1, the variants below
     .venv/bin/python -m bench.engine.spec_ab --batch 2 4 --variants off adaptive-k4 match-k8
@@ -183,7 +185,8 @@ def main() -> None:
     ]
     sets = {name: SETS[name] for name in args.sets_run}
     walls: dict[tuple[str, int, str], list[float]] = defaultdict(list)
-    tokens: dict[tuple[str, int], int] = {}
+    tokens: dict[tuple[str, int, str], int] = {}
+    answers: dict[tuple[str, int, str], list[list[int]]] = {}  # each prompt's greedy tokens (last pass)
     with LLM(overrides=over) as llm:
         tok = llm.tokenizer
 
@@ -201,17 +204,22 @@ def main() -> None:
                     _use(llm, VARIANTS[name], base, candidates)
                     for set_name, prompts in sets.items():
                         t0 = time.perf_counter()
-                        n = 0
+                        got: list[list[int]] = []
                         for i in range(0, len(prompts), b):
                             outs = llm.generate([chat(p) for p in prompts[i : i + b]], sp)
-                            n += sum(len(o.outputs[0].token_ids) for o in outs)
+                            got.extend(list(o.outputs[0].token_ids) for o in outs)
                         walls[(set_name, b, name)].append(time.perf_counter() - t0)
-                        tokens[(set_name, b)] = n
+                        tokens[(set_name, b, name)] = sum(map(len, got))
+                        answers[(set_name, b, name)] = got
     rows: list[dict[str, Any]] = []
     for (set_name, b, name), ws in sorted(walls.items()):
         ws = ws[1:]
         off = walls.get((set_name, b, "off"))
         best = min(ws)
+        plain = answers.get((set_name, b, "off"))
+        mine = answers[(set_name, b, name)]
+        equal = None if plain is None else sum(a == p for a, p in zip(mine, plain, strict=True))
+        same = None if equal is None else f"{equal}/{len(mine)}"
         rows.append(
             {
                 "set": set_name,
@@ -219,14 +227,16 @@ def main() -> None:
                 "variant": name,
                 "best_ms": round(best * 1e3),
                 "median_ms": round(statistics.median(ws) * 1e3),
-                "tok_s": round(tokens[(set_name, b)] / best, 1),
+                "tok_s": round(tokens[(set_name, b, name)] / best, 1),
                 "vs_off_median": _ratio(off, ws),
+                "same_as_off": same,  # prompts whose greedy tokens equal spec off's
             }
         )
     rss = peak_rss_mib()
     print(f"greedy, {args.max_tokens} tokens max, best / median of {args.rounds} passes")
     print(f"peak RSS {rss:.0f} MiB")
-    print(table(rows, ["set", "batch", "variant", "best_ms", "median_ms", "tok_s", "vs_off_median"]))
+    cols = ["set", "batch", "variant", "best_ms", "median_ms", "tok_s", "vs_off_median", "same_as_off"]
+    print(table(rows, cols))
     write_json(args.out, {"args": vars(args), "rows": rows, "peak_rss_mib": peak_rss_mib()})
 
 
