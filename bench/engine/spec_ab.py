@@ -9,7 +9,9 @@ differences between variants are measured on the same machine state. The engine 
 n-gram drafter between batches (each request builds its draft length policy and n-gram index when
 it starts, from them), and `verify_rounds.ROUND` (a verify step's head rounds, where it goes in
 rounds: torch's int8 kernel; "rounds" variants put the candidate pass of greedy rows in rounds too,
-as before 2026-12-05). "off" is a drafter that never proposes (every step a plain decode);
+as before 2026-12-05; "logits" ones take plain greedy rows' tokens as the argmax of [rows, vocab]
+logits, not DecoderModel.greedy_tokens, as before 2026-12-05). "off" is a drafter that never
+proposes (every step a plain decode);
 "adaptive" variants size the lookup's drafts as a draft model's are (adaptive k, the policy
 before 2026-12-03), "match" ones by the matched suffix and `row_cost`, "rate" ones by the matched
 suffix at the most tokens per unit of step time (tried on 2026-12-05, not taken); "full-head" ones
@@ -61,6 +63,7 @@ class Variant:
     full_head: bool = False  # plain greedy rows through the full int8 head, not its candidate pass
     flat_prior: bool = False  # ByMatch's prior q = 1/2 for every match length (before 2026-12-03 10:00)
     rounds: bool = False  # a verify step's head in rounds of `rows` whatever the head (before 12-05)
+    logits: bool = False  # plain greedy rows' tokens as the argmax of [rows, vocab] logits (before 12-05)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -81,6 +84,8 @@ VARIANTS: dict[str, Variant] = {
     "match-k8-c0.6": Variant(8, row_cost=0.6),
     "match-k8-one-round": Variant(8, rows=1_000),
     "match-k8-c0.2-rounds": Variant(8, row_cost=0.2, rounds=True),  # before 2026-12-05 09:30
+    "off-logits": Variant(0, logits=True),
+    "match-k8-c0.2-logits": Variant(8, row_cost=0.2, logits=True),
     "rate-k8": Variant(8, policy="rate", row_cost=0.05),  # the costs measured on 2026-12-05
     "rate-k8-v0.2": Variant(8, policy="rate", row_cost=0.05, verify_cost=0.2),
     "off-full-head": Variant(0, full_head=True),
@@ -152,6 +157,9 @@ def _use(llm: LLM, v: Variant, base: Any, candidates: Any) -> None:
     spec.drafter = kind(v.ngram_min, base.ngram_max)
     verify_rounds.ROUND = v.rows
     model = llm.engine.core.runner.model  # type: ignore[attr-defined]
+    type(model).greedy_from_candidates = property(  # type: ignore[method-assign]
+        lambda self: not v.logits and self.quant_head is not None
+    )
     if v.rounds:
         model.head_per_row_block = lambda argmax_only=False: True
     else:

@@ -136,6 +136,17 @@ class DecoderModel(nn.Module):
         head = self.quant_head
         return head is not None and not (argmax_only and head.candidate_head is not None)
 
+    @property
+    def greedy_from_candidates(self) -> bool:
+        """Whether greedy_tokens may serve plain greedy rows (the int8 head: its candidates)."""
+        return self.quant_head is not None
+
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, H] -> [N] long: compute_logits(hidden, argmax_only=True)'s argmax per row,
+        from the int8 head's candidates alone (greedy_from_candidates)."""
+        assert self.quant_head is not None
+        return self.quant_head.candidate_tokens(hidden, cap=self.arch.final_softcap)
+
     def compute_logits(self, hidden: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:
         """hidden [N, H] (rows of `forward`'s output) -> float32 logits [N, V]. `argmax_only`: the
         caller reads only each row's argmax (plain greedy rows), so the int8 head may give its

@@ -18,7 +18,7 @@ from rillet.core.engine.scheduler import ScheduledBatch
 from rillet.core.model.decoder import DecoderModel, KVCache
 from rillet.core.runner.base import InflightStep, SampleResult
 from rillet.core.runner.inflight.device_timeline import DeviceTimeline, StepMarks
-from rillet.core.runner.inflight.sample_output import HostSample
+from rillet.core.runner.inflight.sample_output import DeviceSample, HostSample
 from rillet.core.runner.input_builder import InputBuilder
 from rillet.core.runner.pooling import ChunkPooler, Pooled
 from rillet.core.runner.prompt_logprobs import prompt_logprobs
@@ -146,6 +146,8 @@ class ModelRunner:
             empty = HostSample(torch.empty(0, dtype=torch.int64), None, 0, None)
             return _Launched(pooled_seqs, empty, pooled, prompt_lps)
         argmax_only = self.sampler.argmax_only(rows)
+        # plain greedy rows (no grammar: no mask) take their tokens from the int8 head's candidates
+        greedy = self.model.greedy_tokens if argmax_only and self.model.greedy_from_candidates else None
         if inp.sample_offsets is not None and self.device.type == "cpu":  # verify_rounds.py
             result, tokens = sample_in_rounds(
                 partial(self.model.compute_logits, argmax_only=argmax_only),
@@ -156,11 +158,15 @@ class ModelRunner:
                 inp.sample_offsets,
                 mask,
                 round_rows(self.model.head_per_row_block(argmax_only)),
+                greedy,
             )
             self.inputs.store_sampled(inp, tokens)
             return _Launched(seqs + pooled_seqs, Ready(result), pooled, prompt_lps)
-        logits = self.model.compute_logits(sampled, argmax_only)  # [S, V]
-        sample = self.sampler.sample_device(logits, rows, mask)
+        if greedy is not None and mask is None:
+            sample = DeviceSample(greedy(sampled))
+        else:
+            logits = self.model.compute_logits(sampled, argmax_only)  # [S, V]
+            sample = self.sampler.sample_device(logits, rows, mask)
         self.inputs.store_sampled(inp, sample.tokens)
         copy = sample.start_copy(timing=self.timeline is not None)
         return _Launched(seqs + pooled_seqs, copy, pooled, prompt_lps)

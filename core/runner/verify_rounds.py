@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from rillet.core.quant.int4 import ROW_BLOCK
 from rillet.core.runner.base import SampleResult
+from rillet.core.runner.inflight.sample_output import DeviceSample
 from rillet.core.runner.sampler import Sampler
 from rillet.core.sequence import Seq, TokenLogprob
 from rillet.core.spec.views import runs_of
@@ -60,6 +61,7 @@ def sample_in_rounds(
     offsets: list[int],  # [S]: each row's position in its verify run
     mask: PendingMask | None,  # grammar bitmasks of the step's rows (core/spec/grammar.py)
     per_round: int,  # positions of each run per round (round_rows)
+    greedy: Callable[[torch.Tensor], torch.Tensor] | None = None,  # plain greedy rows' tokens [R]
 ) -> tuple[SampleResult, torch.Tensor]:
     """-> the step's SampleResult over all S rows (NOT_COMPUTED past a refusal) and its tokens [S]."""
     total = len(views)
@@ -71,9 +73,11 @@ def sample_in_rounds(
         rows = [s + j for s, n in active for j in range(first, min(first + per_round, n))]
         picked = hidden if len(rows) == total else hidden.index_select(0, _index(rows, hidden.device))
         part_mask = None if mask is None else mask.take(rows)
-        got = (
-            sampler.sample_device(logits_of(picked), [views[i] for i in rows], part_mask).start_copy().wait()
-        )
+        if greedy is not None and part_mask is None:  # every row plain greedy (DecoderModel.greedy_tokens)
+            sample = DeviceSample(greedy(picked))
+        else:
+            sample = sampler.sample_device(logits_of(picked), [views[i] for i in rows], part_mask)
+        got = sample.start_copy().wait()
         for i, token, lp in zip(rows, got.token_ids, got.logprobs, strict=True):
             tokens[i], logprobs[i] = token, lp
         last = first + per_round

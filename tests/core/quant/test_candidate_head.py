@@ -91,6 +91,28 @@ def test_candidate_logits_are_the_exact_top_k_and_minus_inf_elsewhere(onednn: bo
     assert torch.equal(got.argmax(-1), head.refine(x, head(x).float()).argmax(-1))
 
 
+@pytest.mark.parametrize("onednn", [True, False])
+@pytest.mark.parametrize("cap", [None, 0.5])
+def test_candidate_tokens_are_the_candidate_logits_argmax(onednn: bool, cap: float | None) -> None:
+    """DecoderModel.greedy_tokens' path: the argmax without the rows of -inf, soft-capped as
+    compute_logits caps; equal best logits give the lowest token id, as argmax does."""
+    w = torch.randn(2048, 96, generator=torch.Generator().manual_seed(2)) * 0.05
+    w[1500] = w[700]  # two tokens with the same codes: equal logits
+    head = Int8Weight(w)
+    if not onednn:
+        head.candidate_head = None
+    elif head.candidate_head is None:
+        pytest.skip("no candidate pass on this CPU")
+    x = torch.randn(9, 96, generator=torch.Generator().manual_seed(3))
+    x[4] = w[700] * 40  # its best token is 700 = 1500
+    logits = head.candidate_logits(x)
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap
+    got = head.candidate_tokens(x, cap=cap)
+    assert got.dtype == torch.int64 and torch.equal(got, logits.argmax(-1))
+    assert got[4] == 700
+
+
 @needs_exact_int8
 def test_a_rows_approximate_logits_are_the_same_bits_in_any_batch() -> None:
     """Each row is quantized on its own scale: its logits do not depend on the other rows, their
@@ -134,11 +156,18 @@ def test_on_the_default_models_hidden_states_the_argmax_is_the_full_heads(
     rows: list[torch.Tensor] = []
     real = DecoderModel.compute_logits
 
+    real_greedy = DecoderModel.greedy_tokens
+
     def spy(self: DecoderModel, hidden: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:
         rows.append(hidden.detach().clone())
         return real(self, hidden, argmax_only)
 
+    def spy_greedy(self: DecoderModel, hidden: torch.Tensor) -> torch.Tensor:  # plain greedy rows
+        rows.append(hidden.detach().clone())
+        return real_greedy(self, hidden)
+
     monkeypatch.setattr(DecoderModel, "compute_logits", spy)
+    monkeypatch.setattr(DecoderModel, "greedy_tokens", spy_greedy)
     cfg = config_from_dict({"model": {"quantization": "int4"}, "graphs": {"enabled": False}})
     prompts = ["Write a haiku about the sea.", "List three uses of copper.", "What is 17 * 3?"]
     with LLM(cfg) as llm:
@@ -149,3 +178,39 @@ def test_on_the_default_models_hidden_states_the_argmax_is_the_full_heads(
     assert len(x) >= 24
     want = head.refine(x, head(x).float()).argmax(-1)
     assert torch.equal(head.candidate_logits(x).argmax(-1), want)
+    assert torch.equal(head.candidate_tokens(x), want)
+
+
+@pytest.mark.parametrize("spec", ["off", "ngram"])
+def test_the_engines_greedy_tokens_from_candidates_are_the_logits_argmax(
+    monkeypatch: pytest.MonkeyPatch, spec: str
+) -> None:
+    """Plain greedy rows take DecoderModel.greedy_tokens (no [rows, vocab] logits); the answers
+    are those of the logits' argmax, in plain and in speculative verify steps."""
+    from rillet.core.config import config_from_dict
+    from rillet.core.llm import LLM
+    from rillet.core.model.decoder import DecoderModel
+    from rillet.core.sampling_params import SamplingParams
+
+    tiny = {"kind": "shape", "shape": "tiny", "device": "cpu", "quantization": "int4"}
+    speculative = {"method": spec, "max_batch": 4, "row_cost": 0.0}
+    cfg = config_from_dict({"model": tiny, "graphs": {"enabled": False}, "speculative": speculative})
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11] * 4, [3, 1, 4, 1, 5, 9, 2, 6]]
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    calls: list[int] = []
+    real = DecoderModel.greedy_tokens
+
+    def counted(self: DecoderModel, hidden: torch.Tensor) -> torch.Tensor:
+        calls.append(len(hidden))
+        return real(self, hidden)
+
+    def run() -> list[list[int]]:
+        with LLM(cfg) as llm:
+            assert llm.engine.core.runner.model.quant_head is not None  # type: ignore[attr-defined]
+            return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+
+    monkeypatch.setattr(DecoderModel, "greedy_tokens", counted)
+    fast = run()
+    assert calls  # the plain greedy rows took it
+    monkeypatch.setattr(DecoderModel, "greedy_from_candidates", property(lambda self: False))
+    assert run() == fast
