@@ -120,6 +120,7 @@ RILLET_TARGET void group_sums(const uint16_t* x, int64_t M, int64_t K, float* xs
 // are the A tile. One tile multiply then does what 16 x R vdpbf16ps do, so past one row the cost
 // is the unpacking alone. The group's sums go out of the tile (C) to be scaled, as above.
 constexpr int kAmxRows = 16;  // rows per pass: a tile's rows
+constexpr int64_t kAhead = 2;  // groups prefetched ahead (a pass is latency-bound on cold codes)
 
 struct TileConfig {
   uint8_t palette = 1;
@@ -151,6 +152,11 @@ RILLET_AMX void amx_tile_pair(const Args& a, int64_t t, int64_t m0, int R) {
   std::memset(y, 0, sizeof(float) * R * kTile);
   for (int64_t g = 0; g < a.G; ++g) {
     const uint8_t* pg = pk + g * 16 * kTile;
+    if (g + kAhead < a.G) {  // the codes of a group kAhead on: its 512 bytes, 8 lines
+      for (int l = 0; l < 8; ++l) _mm_prefetch(reinterpret_cast<const char*>(pg + (kAhead * 16 + 2 * l) * kTile), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(sz + (g + kAhead) * 2 * kTile), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(sz + (g + kAhead) * 2 * kTile + 32), _MM_HINT_T0);
+    }
     for (int p = 0; p < 16; ++p) {
       _mm512_store_si512(b[0][p], reinterpret_cast<__m512i>(unpack_pairs(pg + p * kTile, lut)));
       _mm512_store_si512(b[1][p], reinterpret_cast<__m512i>(unpack_pairs(pg + p * kTile + 16, lut)));
