@@ -157,9 +157,10 @@ def _use(llm: LLM, v: Variant, base: Any, candidates: Any) -> None:
     spec.drafter = kind(v.ngram_min, base.ngram_max)
     verify_rounds.ROUND = v.rows
     model = llm.engine.core.runner.model  # type: ignore[attr-defined]
-    type(model).greedy_from_candidates = property(  # type: ignore[method-assign]
-        lambda self: not v.logits and self.quant_head is not None
-    )
+    if v.logits and model.quant_head is not None:  # the argmax of the candidates' [rows, vocab] logits
+        model.greedy_tokens = lambda h: model.quant_head.candidate_logits(h).argmax(-1)
+    else:
+        model.__dict__.pop("greedy_tokens", None)
     if v.rounds:
         model.head_per_row_block = lambda argmax_only=False: True
     else:

@@ -40,13 +40,13 @@ PROMPTS = Path(__file__).resolve().parents[2] / "tests" / "data" / "chat_prompts
 def capture(n_prompts: int) -> tuple[Int8Weight, torch.Tensor]:
     """The default model's int8 head and the hidden rows its greedy answers computed logits of."""
     rows: list[torch.Tensor] = []
-    real = DecoderModel.compute_logits
+    real = DecoderModel.greedy_tokens
 
-    def spy(self: DecoderModel, hidden: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:
+    def spy(self: DecoderModel, hidden: torch.Tensor) -> torch.Tensor:  # greedy rows take it
         rows.append(hidden.detach().float().clone())
-        return real(self, hidden, argmax_only)
+        return real(self, hidden)
 
-    DecoderModel.compute_logits = spy  # type: ignore[method-assign]
+    DecoderModel.greedy_tokens = spy  # type: ignore[method-assign]
     prompts = json.loads(PROMPTS.read_text())[:n_prompts]
     cfg = config_from_dict({"graphs": {"enabled": False}})
     try:
@@ -59,7 +59,7 @@ def capture(n_prompts: int) -> tuple[Int8Weight, torch.Tensor]:
             llm.generate(chats, SamplingParams(max_tokens=48, temperature=0.0))
             head = llm.engine.core.runner.model.quant_head  # type: ignore[attr-defined]
     finally:
-        DecoderModel.compute_logits = real  # type: ignore[method-assign]
+        DecoderModel.greedy_tokens = real  # type: ignore[method-assign]
     assert isinstance(head, Int8Weight), "the default model's head is int8 on CPU"
     return head, torch.cat(rows)
 

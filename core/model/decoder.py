@@ -136,24 +136,18 @@ class DecoderModel(nn.Module):
         head = self.quant_head
         return head is not None and not (argmax_only and head.candidate_head is not None)
 
-    @property
-    def greedy_from_candidates(self) -> bool:
-        """Whether greedy_tokens may serve plain greedy rows (the int8 head: its candidates)."""
-        return self.quant_head is not None
-
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, H] -> [N] long: compute_logits(hidden, argmax_only=True)'s argmax per row,
-        from the int8 head's candidates alone (greedy_from_candidates)."""
-        assert self.quant_head is not None
+        """hidden [N, H] -> [N] long: plain greedy rows' tokens, each row's argmax. The int8 head
+        gives the best of its 16 candidates' exact logits (Int8Weight.candidate_tokens), no [N, V]
+        logits: the full head's argmax wherever the best token is among them; other heads the
+        argmax of compute_logits."""
+        if self.quant_head is None:
+            return self.compute_logits(hidden).argmax(-1)
         return self.quant_head.candidate_tokens(hidden, cap=self.arch.final_softcap)
 
-    def compute_logits(self, hidden: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:
-        """hidden [N, H] (rows of `forward`'s output) -> float32 logits [N, V]. `argmax_only`: the
-        caller reads only each row's argmax (plain greedy rows), so the int8 head may give its
-        exact candidates alone (Int8Weight.candidate_logits)."""
-        if self.quant_head is not None and argmax_only:
-            logits = self.quant_head.candidate_logits(hidden)
-        elif self.quant_head is not None:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, H] (rows of `forward`'s output) -> float32 logits [N, V]."""
+        if self.quant_head is not None:
             logits = self.quant_head.refine(hidden, self.quant_head(hidden).float())
         else:
             head = self.embed_tokens if self.lm_head is None else self.lm_head

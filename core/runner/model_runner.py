@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 
 import torch
 from rillet.core.attention.base import VerifyMetadata
@@ -146,11 +145,11 @@ class ModelRunner:
             empty = HostSample(torch.empty(0, dtype=torch.int64), None, 0, None)
             return _Launched(pooled_seqs, empty, pooled, prompt_lps)
         argmax_only = self.sampler.argmax_only(rows)
-        # plain greedy rows (no grammar: no mask) take their tokens from the int8 head's candidates
-        greedy = self.model.greedy_tokens if argmax_only and self.model.greedy_from_candidates else None
+        # plain greedy rows (no grammar: no mask) take their tokens without [rows, vocab] logits
+        greedy = self.model.greedy_tokens if argmax_only else None
         if inp.sample_offsets is not None and self.device.type == "cpu":  # verify_rounds.py
             result, tokens = sample_in_rounds(
-                partial(self.model.compute_logits, argmax_only=argmax_only),
+                self.model.compute_logits,
                 self.sampler,
                 sampled,
                 rows,
@@ -165,7 +164,7 @@ class ModelRunner:
         if greedy is not None and mask is None:
             sample = DeviceSample(greedy(sampled))
         else:
-            logits = self.model.compute_logits(sampled, argmax_only)  # [S, V]
+            logits = self.model.compute_logits(sampled)  # [S, V]
             sample = self.sampler.sample_device(logits, rows, mask)
         self.inputs.store_sampled(inp, sample.tokens)
         copy = sample.start_copy(timing=self.timeline is not None)

@@ -98,7 +98,7 @@ class Sampler:
 
     def argmax_only(self, seqs: list[Seq]) -> bool:
         """Every row's token is the argmax of its raw logits and nothing else is read from them (no
-        grammar mask either): the LM head may give candidates alone (DecoderModel.compute_logits)."""
+        grammar mask either): the rows may take DecoderModel.greedy_tokens, no logits."""
         return all(s.params.grammar is None and self._plain_greedy(s) for s in seqs)
 
     def _plain_greedy(self, seq: Seq) -> bool:

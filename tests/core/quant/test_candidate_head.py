@@ -158,9 +158,9 @@ def test_on_the_default_models_hidden_states_the_argmax_is_the_full_heads(
 
     real_greedy = DecoderModel.greedy_tokens
 
-    def spy(self: DecoderModel, hidden: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:
+    def spy(self: DecoderModel, hidden: torch.Tensor) -> torch.Tensor:
         rows.append(hidden.detach().clone())
-        return real(self, hidden, argmax_only)
+        return real(self, hidden)
 
     def spy_greedy(self: DecoderModel, hidden: torch.Tensor) -> torch.Tensor:  # plain greedy rows
         rows.append(hidden.detach().clone())
@@ -212,5 +212,8 @@ def test_the_engines_greedy_tokens_from_candidates_are_the_logits_argmax(
     monkeypatch.setattr(DecoderModel, "greedy_tokens", counted)
     fast = run()
     assert calls  # the plain greedy rows took it
-    monkeypatch.setattr(DecoderModel, "greedy_from_candidates", property(lambda self: False))
+    # the path before greedy_tokens: the argmax of the candidates' [rows, vocab] logits
+    monkeypatch.setattr(
+        DecoderModel, "greedy_tokens", lambda self, h: self.quant_head.candidate_logits(h).argmax(-1)
+    )
     assert run() == fast
