@@ -16,7 +16,9 @@ proposes (every step a plain decode);
 before 2026-12-03), "match" ones by the matched suffix and `row_cost`, "rate" ones by the matched
 suffix at the most tokens per unit of step time (tried on 2026-12-05, not taken); "full-head" ones
 give plain greedy rows the full int8 LM head instead of its candidate pass
-(core/quant/candidate_head.py), as before 2026-12-03's second session; "flat-prior" ones
+(core/quant/candidate_head.py), as before 2026-12-03's second session; "int8-pass" ones pick few
+rows' candidates through oneDNN's int8 pass, not the head's int4 copy
+(core/quant/int4_candidates.py), as before 2026-12-05 12:00; "flat-prior" ones
 estimate a match length's acceptance over the flat Beta(1, 1) prior instead of the prior by match
 length (core/spec/draft_length.py), as before 2026-12-03 10:00.
 Prompts: the server bench's grounded and chat sets (`--prompts`: any of its sets), through the
@@ -64,6 +66,7 @@ class Variant:
     flat_prior: bool = False  # ByMatch's prior q = 1/2 for every match length (before 2026-12-03 10:00)
     rounds: bool = False  # a verify step's head in rounds of `rows` whatever the head (before 12-05)
     logits: bool = False  # plain greedy rows' tokens as the argmax of [rows, vocab] logits (before 12-05)
+    int8_pass: bool = False  # few greedy rows' candidates through oneDNN, not the int4 copy (before 12-05)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -86,6 +89,8 @@ VARIANTS: dict[str, Variant] = {
     "match-k8-c0.2-rounds": Variant(8, row_cost=0.2, rounds=True),  # before 2026-12-05 09:30
     "off-logits": Variant(0, logits=True),
     "match-k8-c0.2-logits": Variant(8, row_cost=0.2, logits=True),
+    "off-int8-pass": Variant(0, int8_pass=True),
+    "match-k8-c0.2-int8-pass": Variant(8, row_cost=0.2, int8_pass=True),
     "rate-k8": Variant(8, policy="rate", row_cost=0.05),  # the costs measured on 2026-12-05
     "rate-k8-v0.2": Variant(8, policy="rate", row_cost=0.05, verify_cost=0.2),
     "off-full-head": Variant(0, full_head=True),
@@ -142,10 +147,11 @@ class _Rate(draft_length.ByMatch):
         return k
 
 
-def _use(llm: LLM, v: Variant, base: Any, candidates: Any) -> None:
+def _use(llm: LLM, v: Variant, base: Any, candidates: Any, int4_pass: Any) -> None:
     head = llm.engine.core.runner.model.quant_head  # type: ignore[attr-defined]
     if head is not None:
         head.candidate_head = None if v.full_head else candidates
+        head.int4_candidates = None if v.full_head or v.int8_pass else int4_pass
     spec = llm.engine.core.spec
     assert spec is not None
     spec.cfg = dataclasses.replace(
@@ -206,11 +212,12 @@ def main() -> None:
         base = llm.engine.core.spec.cfg  # type: ignore[union-attr]
         head = llm.engine.core.runner.model.quant_head  # type: ignore[attr-defined]
         candidates = None if head is None else head.candidate_head
+        int4_pass = None if head is None else head.int4_candidates
         sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
         for _ in range(args.rounds + 1):  # the first pass warms the prefix cache, not counted
             for b in args.batch:
                 for name in args.variants:
-                    _use(llm, VARIANTS[name], base, candidates)
+                    _use(llm, VARIANTS[name], base, candidates, int4_pass)
                     for set_name, prompts in sets.items():
                         t0 = time.perf_counter()
                         got: list[list[int]] = []

@@ -1,12 +1,14 @@
 """The default model's LM head by rows: the full head (torch's weight-only int8 kernel with bf16
-activations, then the exact top 16: what sampled rows get) against the candidate pass plain greedy
-rows get (oneDNN int8 x int8, then the exact top 16, every other token -inf:
-core/quant/candidate_head.py), with the head's weights hot in cache and evicted (a 64 MiB buffer
-written between calls, as a decode step's other weights do).
+activations, then the exact top 16: what sampled rows get) against the candidate passes plain
+greedy rows get (their tokens from the exact logits of 16 candidates): oneDNN int8 x int8
+(core/quant/candidate_head.py) and, where rillet's int4 kernel runs, the head's int4 copy that
+batches of few rows take (core/quant/int4_candidates.py); with the head's weights hot in cache
+and evicted (a 64 MiB buffer written between calls, as a decode step's other weights do).
 
 Accuracy on the model's own hidden states (the greedy answers to the first 16 chat prompts of
 tests/data/chat_prompts.json): each approximation's error against the Q8_0 weights' float64
-logits, and whether each row's argmax is the exact one.
+logits, the worst rank it gives a row's best token (16 candidates are taken), and whether each
+row's argmax is the exact one.
 
     .venv/bin/python -m bench.kernels.lm_head
     .venv/bin/python -m bench.kernels.lm_head --threads 1 2 --rows 1 4 9 16
@@ -30,6 +32,7 @@ from rillet.core.config import config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.model.decoder import DecoderModel
 from rillet.core.quant.int4 import Int8Weight
+from rillet.core.quant.int4_candidates import ROWS_PER_THREAD, Int4Candidates
 from rillet.core.sampling_params import SamplingParams
 
 from bench.lib.common import peak_rss_mib, table, write_json
@@ -80,25 +83,52 @@ def _full(head: Int8Weight, x: torch.Tensor) -> torch.Tensor:
     return head.refine(x, head(x).float())
 
 
+def _tokens_through(head: Int8Weight, int4: Int4Candidates | None, x: torch.Tensor) -> torch.Tensor:
+    """candidate_tokens with the int4 pass given (None: oneDNN's int8 pass whatever the rows)."""
+    keep = head.int4_candidates
+    head.int4_candidates = int4
+    try:
+        return head.candidate_tokens(x)
+    finally:
+        head.int4_candidates = keep
+
+
 def speed_rows(
     head: Int8Weight, x: torch.Tensor, threads: list[int], rows: list[int], repeats: int
 ) -> list[dict[str, Any]]:
+    """ms per call: the full head, and greedy tokens through oneDNN's int8 pass and through the
+    head's int4 copy (whatever the rows: Int4Candidates.takes says which one the engine takes)."""
     junk = torch.zeros(64 << 20, dtype=torch.uint8)
+    int4 = head.int4_candidates
     out = []
     for t in threads:
         torch.set_num_threads(t)
         for m in rows:
             xm = x[:m].contiguous()
-            full = partial(_full, head, xm)
-            cand = partial(head.candidate_logits, xm)
+            fns = {"full": partial(_full, head, xm)}
+            if head.candidate_head is not None:
+                fns["int8_pass"] = partial(_tokens_through, head, None, xm)
+            if int4 is not None:
+                fns["int4_pass"] = partial(_tokens_through, head, _Always(int4), xm)
             row: dict[str, Any] = {"threads": t, "rows": m}
             for cold in (False, True):
                 tag = "cold" if cold else "hot"
-                row[f"full_{tag}_ms"] = round(timed(full, cold, junk, repeats), 3)
-                row[f"candidates_{tag}_ms"] = round(timed(cand, cold, junk, repeats), 3)
-            row["cold_ratio"] = round(row["full_cold_ms"] / row["candidates_cold_ms"], 2)
+                for name, fn in fns.items():
+                    row[f"{name}_{tag}_ms"] = round(timed(fn, cold, junk, repeats), 3)
+            if int4 is not None:
+                row["engine_takes"] = "int4" if int4.takes(m) else "int8"
             out.append(row)
     return out
+
+
+class _Always(Int4Candidates):
+    """An int4 pass that takes any number of rows (to time it past the engine's limit)."""
+
+    def __init__(self, inner: Int4Candidates) -> None:
+        self.__dict__.update(inner.__dict__)
+
+    def takes(self, rows: int) -> bool:
+        return True
 
 
 def accuracy(head: Int8Weight, x: torch.Tensor) -> list[dict[str, Any]]:
@@ -115,6 +145,7 @@ def accuracy(head: Int8Weight, x: torch.Tensor) -> list[dict[str, Any]]:
             "max_err": round(err.max().item(), 3),
             "top1_misses": int((approx.argmax(-1) != best).sum()),
             "top16_misses": int((~(approx.topk(16, -1).indices == best[:, None]).any(-1)).sum()),
+            "worst_rank_of_best": int((approx > approx.gather(1, best[:, None])).sum(1).max()) + 1,
             "final_argmax_misses": int((final.argmax(-1) != best).sum()),
             "rows": len(x),
         }
@@ -123,7 +154,19 @@ def accuracy(head: Int8Weight, x: torch.Tensor) -> list[dict[str, Any]]:
     out = [row("bf16 kernel (full head)", full, head.refine(x, full))]
     if head.candidate_head is not None:
         out.append(row("oneDNN int8 (candidates)", head.candidate_head(x), head.candidate_logits(x)))
+    if head.int4_candidates is not None:
+        int4 = _Always(head.int4_candidates)
+        out.append(row("rillet int4 (candidates, few rows)", int4(x), _logits_through(head, int4, x)))
     return out
+
+
+def _logits_through(head: Int8Weight, int4: Int4Candidates, x: torch.Tensor) -> torch.Tensor:
+    keep = head.int4_candidates
+    head.int4_candidates = int4
+    try:
+        return head.candidate_logits(x)
+    finally:
+        head.int4_candidates = keep
 
 
 def main() -> None:
@@ -139,6 +182,8 @@ def main() -> None:
     speed = speed_rows(head, x, args.threads, args.rows, args.repeats)
     rss = peak_rss_mib()
     kind = "oneDNN int8" if head.candidate_head is not None else "none (bf16 kernel)"
+    if head.int4_candidates is not None:
+        kind += f", rillet int4 up to {ROWS_PER_THREAD} rows a thread"
     print(f"candidate head: {kind}; peak RSS {rss:.0f} MiB")
     print(table(acc, list(acc[0])))
     print(table(speed, list(speed[0])))

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from rillet.core.quant import candidate_head, rows_kernel
+from rillet.core.quant import candidate_head, int4_candidates, rows_kernel
 from rillet.core.quant.candidate_head import CandidateHead
+from rillet.core.quant.int4_candidates import Int4Candidates
+from rillet.core.quant.minmax import minmax_int4
 from torch import nn
 
 GROUP = 32
@@ -67,10 +69,7 @@ class Int4Weight(nn.Module):
 
     def __init__(self, weight: torch.Tensor, rows: bool | None = None, aten_copy: bool | None = None) -> None:
         super().__init__()
-        g = _groups(weight)
-        lo, hi = g.amin(-1), g.amax(-1)  # [N, K/G]
-        scale = ((hi - lo) / 15).clamp(min=1e-12)
-        codes = ((g - lo[..., None]) / scale[..., None]).round_().clamp_(0, 15)
+        codes, scale, zero = minmax_int4(_groups(weight))
         self.out_features, self.in_features = weight.shape
         if rows is None:
             rows = weight.device.type == "cpu" and rows_kernel.fits(*weight.shape) and rows_kernel.enabled()
@@ -78,7 +77,6 @@ class Int4Weight(nn.Module):
             raise ValueError(f"int4: rillet's kernel cannot take a {tuple(weight.shape)} weight here")
         self.rows = rows
         self.use_aten = False  # rows: call torch's kernel on the aten copy (a trace of the small step)
-        zero = lo + 8 * scale
         packed, scales_zeros = (rows_kernel.pack if rows else _pack)(codes, scale, zero)
         self.register_buffer("packed", packed)
         self.register_buffer("scales_zeros", scales_zeros)
@@ -160,8 +158,10 @@ class Int8Weight(nn.Module):
         self.register_buffer("row_scales", row_scales.to(torch.bfloat16))
         self.register_buffer("codes", codes)
         self.register_buffer("scales", scales)
-        # plain greedy rows pick their candidates through oneDNN where it sums exactly (candidate_head.py)
+        # plain greedy rows pick their candidates through oneDNN where it sums exactly (candidate_head.py),
+        # few of them through an int4 copy where rillet's kernel runs (int4_candidates.py)
         self.candidate_head: CandidateHead | None = candidate_head.build(row_codes, row_scales)
+        self.int4_candidates: Int4Candidates | None = int4_candidates.build(codes, scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] any float -> [..., N] bf16
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # [M, K]
@@ -210,9 +210,21 @@ class Int8Weight(nn.Module):
     def _candidates(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, K] -> each row's top k token ids [B, k] by the approximate logits, and their exact
         float32 logits [B, k]."""
-        approx = self(x).float() if self.candidate_head is None else self.candidate_head(x)
+        approx = self.approximate(x)
         top = approx.topk(min(k, self.out_features), dim=-1).indices  # [B, k]
         return top, self._exact(x, top)
+
+    def approximate(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, K] -> [B, N] float32 logits that only pick candidates: the int4 copy's for few rows,
+        else oneDNN's int8 GEMM, else the bf16 kernel's."""
+        if self.int4_candidates is not None and self.int4_candidates.takes(len(x)):
+            return self.int4_candidates(x)
+        return self(x).float() if self.candidate_head is None else self.candidate_head(x)
+
+    def has_candidate_pass(self) -> bool:
+        """Whether plain greedy rows pick their candidates by a pass that reads the head about once
+        for a few rows (not torch's int8 kernel, a pass per block of 4 rows)."""
+        return self.candidate_head is not None or self.int4_candidates is not None
 
     def _exact(self, x: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
         """x [B, K], token ids top [B, k] -> their float32 logits [B, k] from the group-32 codes.

@@ -77,6 +77,7 @@ def test_without_vnni_onednn_saturates_and_the_probe_refuses_it() -> None:
 @pytest.mark.parametrize("onednn", [True, False])
 def test_candidate_logits_are_the_exact_top_k_and_minus_inf_elsewhere(onednn: bool) -> None:
     head = _head()
+    head.int4_candidates = None  # tests/core/quant/test_int4_candidates.py
     if not onednn:
         head.candidate_head = None  # the bf16 kernel picks them
     elif head.candidate_head is None:
@@ -99,6 +100,7 @@ def test_candidate_tokens_are_the_candidate_logits_argmax(onednn: bool, cap: flo
     w = torch.randn(2048, 96, generator=torch.Generator().manual_seed(2)) * 0.05
     w[1500] = w[700]  # two tokens with the same codes: equal logits
     head = Int8Weight(w)
+    head.int4_candidates = None  # tests/core/quant/test_int4_candidates.py
     if not onednn:
         head.candidate_head = None
     elif head.candidate_head is None:
@@ -179,6 +181,8 @@ def test_on_the_default_models_hidden_states_the_argmax_is_the_full_heads(
     want = head.refine(x, head(x).float()).argmax(-1)
     assert torch.equal(head.candidate_logits(x).argmax(-1), want)
     assert torch.equal(head.candidate_tokens(x), want)
+    # a few rows at a time: the int4 candidate pass where rillet's kernel runs (int4_candidates.py)
+    assert torch.equal(torch.cat([head.candidate_tokens(x[i : i + 4]) for i in range(0, len(x), 4)]), want)
 
 
 @pytest.mark.parametrize("spec", ["off", "ngram"])

@@ -1,0 +1,63 @@
+"""The LM head's candidate pass for few rows: the head in int4 through rillet's kernel.
+
+A plain greedy row needs from the head only which tokens could be its best (Int8Weight then
+computes those exactly: core/quant/candidate_head.py). At a few rows the pass is a read of the
+head: oneDNN's int8 GEMM reads 28 MB for the default model's 49,152 x 576 head, this copy in int4
+(group 32, min/max as Int4Weight) 14 MB plus 3.5 MB of scales. rillet's kernel
+(core/quant/rows_kernel.py) computes each row on its own, so its cost grows by the row where
+oneDNN's stays near one pass. A greedy row's token through each, cold, 2 threads, on a Zen 4
+EPYC (`python -m bench.kernels.lm_head`, bench/RESULTS.md 2026-12-05): 0.86 / 0.96 / 1.23 / 2.46
+/ 4.17 ms at 1 / 2 / 4 / 8 / 16 rows against oneDNN's 1.46 / 1.54 / 1.58 / 2.25 / 3.10; the two
+meet between 5 and 8 rows on 2 threads and between 4 and 5 on one. So it takes batches of up to
+ROWS_PER_THREAD rows a thread (at most MAX_ROWS), and oneDNN (or the bf16 kernel) larger ones.
+
+Its logits are further off than oneDNN's (mean error 0.43 against 0.11 on the default model's
+hidden states; the best token ranked at most 6th by them in 1,698 rows; 16 candidates are taken).
+A row's logits do not depend on the other rows (the kernel sums every row in one order), so its
+candidates change only where a batch crosses the row limit, and its token only if the best token
+were then outside one of the two candidate sets.
+"""
+
+from __future__ import annotations
+
+import torch
+from rillet.core.quant import rows_kernel
+from rillet.core.quant.minmax import minmax_int4
+
+ROWS_PER_THREAD = 4  # rows a torch thread up to which this pass is taken (measured above)
+MAX_ROWS = 12  # the kernel's rows per pass over the weights: a 13th row unpacks them all again
+_CHUNK = 4096  # head rows quantized at a time: no float32 copy of the whole head at load
+
+
+class Int4Candidates:
+    """Approximate logits of a group-32 int8 head, requantized to int4: x [M, K] -> float32 [M, N].
+    Not an nn.Module buffer: built from the int8 codes at load, never saved."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor) -> None:
+        """codes [N, K/G, G] int8 and scales [N, K/G] float32 (Int8Weight's)."""
+        n = codes.shape[0]
+        self.out_features = n
+        packed, sz = [], []
+        for lo in range(0, n, _CHUNK):  # _CHUNK is a multiple of the kernel's 32-column tiles
+            g = codes[lo : lo + _CHUNK].float() * scales[lo : lo + _CHUNK, :, None]  # [rows, K/G, G]
+            p, s = rows_kernel.pack(*minmax_int4(g))
+            packed.append(p)
+            sz.append(s)
+        self._packed = torch.cat(packed)  # [N/32, K/32, 16, 32] uint8
+        self._sz = torch.cat(sz)  # [N/32, K/32, 2, 32] bf16
+
+    def takes(self, rows: int) -> bool:
+        """Whether a batch of `rows` is cheaper through this pass than through oneDNN's."""
+        return rows <= min(ROWS_PER_THREAD * torch.get_num_threads(), MAX_ROWS)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] any float -> [M, N] float32
+        y = rows_kernel.mm(x.to(torch.bfloat16).contiguous(), self._packed, self._sz, self.out_features)
+        return y.float()
+
+
+def build(codes: torch.Tensor, scales: torch.Tensor) -> Int4Candidates | None:
+    """An Int4Candidates for this head where rillet's int4 kernel runs and takes its shape, else None."""
+    n, groups, group = codes.shape
+    if codes.device.type != "cpu" or not rows_kernel.fits(n, groups * group) or not rows_kernel.enabled():
+        return None
+    return Int4Candidates(codes, scales)
