@@ -157,6 +157,7 @@ def _use(llm: LLM, v: Variant, base: Any, candidates: Any, int4_pass: Any) -> No
     spec.cfg = dataclasses.replace(
         base, ngram_min=v.ngram_min, num_tokens=v.k or base.num_tokens, row_cost=v.row_cost
     )
+    spec.row_cost = v.row_cost
     by_match = partial(_Rate, verify_cost=v.verify_cost) if v.policy == "rate" else BY_MATCH
     speculator.ByMatch = by_match  # type: ignore[assignment]
     kind = _NoDrafts if v.k == 0 else _AdaptiveNgram if v.policy == "adaptive" else NgramDrafter

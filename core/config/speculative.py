@@ -27,8 +27,9 @@ class SpeculativeConfig:
     # ngram: what one more drafted token costs the verify step, as a fraction of a decode step; a
     # draft token is kept while the chance that it and all before it are accepted is at least
     # this (core/spec/draft_length.py); 0 keeps every proposed token. None: by device, 0.2 on CPU
-    # (measured with int4 weights, bench/RESULTS.md 2026-12-03), 0.02 on CUDA (not measured: a
-    # memory-bound step's extra query rows cost little)
+    # where int4 rows go through AMX tiles or the weights are float (measured with int4 weights,
+    # bench/RESULTS.md 2026-12-03), 0.4 on other CPUs with int4 weights (2026-12-05), 0.02 on CUDA
+    # (not measured: a memory-bound step's extra query rows cost little)
     row_cost: float | None = None
     draft_model: str | None = None  # draft: a .gguf file or a Hugging Face folder, loaded like model.path
     # draft: its weights' precision, resolved like model.quantization (auto = int4 for a 4-bit GGUF

@@ -41,20 +41,29 @@ from rillet.core.spec.drafter import Draft
 SKIP_DECAY = 0.9  # share of a silent match length's counts kept each time it matches
 PRIOR_WEIGHT = 2.0  # pseudo-counts of the prior (as many as Beta(1, 1)'s)
 PRIOR_MISS = 0.6  # prior_q(n) = 1 - PRIOR_MISS / n: 0.4, 0.7, 0.8, 0.85 for n = 1..4
-# speculative.row_cost by device when not set. CPU, int4 weights, measured (bench/RESULTS.md,
-# 2026-12-03): with the small-batch decode step (graphs.small_batch) a batch-1 decode step costs
-# 5.3 ms and a verify step as 2 / 3 / 4 decode rows 6.0 / 7.4 / 8.2 ms (+0.14-0.19 a row); at 0.1
-# n-gram drafts cost open chat 7 % (0.933 of spec off), at 0.2 1 % (0.99). Before that step a
-# verify step cost ~0.09 of a decode step more plus ~0.06 a drafted token, and 0.1 paid.
-# CUDA: not measured; a decode step there is memory-bound, so extra query rows cost little
+# speculative.row_cost by device when not set. CPU, int4 weights through AMX tiles, measured
+# (bench/RESULTS.md, 2026-12-03): with the small-batch decode step (graphs.small_batch) a batch-1
+# decode step costs 5.3 ms and a verify step as 2 / 3 / 4 decode rows 6.0 / 7.4 / 8.2 ms (+0.14-0.19
+# a row); at 0.1 n-gram drafts cost open chat 7 % (0.933 of spec off), at 0.2 1 % (0.99).
 CPU_ROW_COST = 0.2
+# CPU, int4 weights without the tiles (AVX512-BF16 or torch's kernel: a row's products cost per
+# row): on a Zen 4 EPYC after the LM head's int4 candidate pass made a plain token ~5 ms, a verify
+# row cost ~0.15 of it and the verify step's head ~0.2 more; n-gram ÷ off at 0.2 / 0.3 / 0.4 / 0.5:
+# open chat 0.96 / 1.03 / 1.09 / 1.07, grounded 1.31 / 1.29 / 1.38 / 1.33, grounded-more 1.48 /
+# 1.45 / 1.55 / 1.49 (bench/RESULTS.md, 2026-12-05)
+CPU_ROW_COST_NO_TILES = 0.4
+# CUDA: not measured; a decode step there is memory-bound, so extra query rows cost little
 CUDA_ROW_COST = 0.02
 
 
-def resolve_row_cost(configured: float | None, device_type: str) -> float:
+def resolve_row_cost(configured: float | None, device_type: str, rows_cheap: bool = True) -> float:
+    """speculative.row_cost, or the device's default; `rows_cheap`: on CPU, the int4 projections
+    take a verify step's rows through AMX tiles (or the model has no int4 weights)."""
     if configured is not None:
         return configured
-    return CUDA_ROW_COST if device_type == "cuda" else CPU_ROW_COST
+    if device_type == "cuda":
+        return CUDA_ROW_COST
+    return CPU_ROW_COST if rows_cheap else CPU_ROW_COST_NO_TILES
 
 
 def prior_q(match: int) -> float:

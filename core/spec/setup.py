@@ -6,6 +6,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from rillet.core.config import RilletConfig
+from rillet.core.quant import rows_kernel
 from rillet.core.spec.drafter import Drafter
 from rillet.core.spec.ngram import NgramDrafter
 from rillet.core.spec.speculator import Speculator
@@ -53,4 +54,13 @@ def build_speculator(
         sc.num_tokens,
         sc.max_batch,
     )
-    return Speculator(sc, drafter, max_model_len, eos, device.type)
+    return Speculator(sc, drafter, max_model_len, eos, device.type, verify_rows_cheap(target))
+
+
+def verify_rows_cheap(target: DecoderModel) -> bool:
+    """Whether a verify step's extra query rows cost little on CPU (speculative.row_cost's default):
+    float weights, or int4 ones through rillet's kernel on AMX tiles; not int4 products per row
+    (its AVX512-BF16 path, torch's kernel)."""
+    if not target.int4_weights:
+        return True
+    return target.int4_rows_kernel and rows_kernel.has_amx()

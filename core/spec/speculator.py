@@ -44,9 +44,11 @@ class Speculator:
         max_model_len: int,
         eos: tuple[int, ...],
         device_type: str = "cpu",
+        rows_cheap: bool = True,
     ) -> None:
         self.cfg = cfg
-        self.device_type = device_type  # sets the default row_cost (draft_length.py)
+        # the default row_cost (draft_length.py): by device, and on CPU by the int4 kernel's path
+        self.row_cost = resolve_row_cost(cfg.row_cost, device_type, rows_cheap)
         self.drafter = drafter
         self.max_model_len = max_model_len
         self.eos = frozenset(eos)
@@ -90,7 +92,7 @@ class Speculator:
 
     def _new_length(self) -> DraftLength:
         if self.drafter.cheap:
-            return ByMatch(self.cfg.num_tokens, resolve_row_cost(self.cfg.row_cost, self.device_type))
+            return ByMatch(self.cfg.num_tokens, self.row_cost)
         return AdaptiveK(self.cfg.num_tokens)
 
     def _room(self, seq: Seq) -> int:

@@ -4,6 +4,7 @@ block manager giving back the slots of refused drafts."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,7 +14,14 @@ from rillet.core.engine.scheduler import Scheduler
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import Seq
 from rillet.core.spec.adaptive import MIN_ACCEPTANCE, PAUSE_STEPS, WINDOW, AdaptiveK
-from rillet.core.spec.draft_length import CPU_ROW_COST, CUDA_ROW_COST, ByMatch, prior_q, resolve_row_cost
+from rillet.core.spec.draft_length import (
+    CPU_ROW_COST,
+    CPU_ROW_COST_NO_TILES,
+    CUDA_ROW_COST,
+    ByMatch,
+    prior_q,
+    resolve_row_cost,
+)
 from rillet.core.spec.drafter import Draft
 from rillet.core.spec.ngram import NgramDrafter
 from rillet.core.spec.speculator import Speculator
@@ -112,8 +120,27 @@ def test_by_match_drafts_what_pays_per_matched_suffix_length() -> None:
 
 def test_row_cost_defaults_by_device_unless_set() -> None:
     assert resolve_row_cost(None, "cpu") == CPU_ROW_COST > resolve_row_cost(None, "cuda") == CUDA_ROW_COST
-    assert resolve_row_cost(0.3, "cuda") == 0.3 and resolve_row_cost(0.0, "cpu") == 0.0
+    # int4 rows whose products cost per row (no AMX tiles): a drafted token must be likelier
+    assert resolve_row_cost(None, "cpu", rows_cheap=False) == CPU_ROW_COST_NO_TILES > CPU_ROW_COST
+    assert resolve_row_cost(None, "cuda", rows_cheap=False) == CUDA_ROW_COST
+    assert resolve_row_cost(0.3, "cuda") == 0.3 and resolve_row_cost(0.0, "cpu", rows_cheap=False) == 0.0
     assert config_from_dict({}).speculative.row_cost is None
+    spec = Speculator(
+        config_from_dict({}).speculative, NgramDrafter(1, 4), 64, (EOS,), "cpu", rows_cheap=False
+    )
+    assert spec.row_cost == CPU_ROW_COST_NO_TILES
+
+
+def test_verify_rows_are_cheap_with_float_weights_or_int4_through_tiles() -> None:
+    from rillet.core.quant import rows_kernel
+    from rillet.core.spec.setup import verify_rows_cheap
+
+    def model(int4: bool, kernel: bool) -> Any:
+        return SimpleNamespace(int4_weights=int4, int4_rows_kernel=kernel)
+
+    assert verify_rows_cheap(model(False, False))
+    assert not verify_rows_cheap(model(True, False))  # torch's int4 kernel: a pass per 4 rows
+    assert verify_rows_cheap(model(True, True)) == rows_kernel.has_amx()
 
 
 def test_lookups_are_cut_by_match_and_model_drafts_by_adaptive_k() -> None:
