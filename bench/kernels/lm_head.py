@@ -22,7 +22,8 @@ import argparse
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -83,14 +84,20 @@ def _full(head: Int8Weight, x: torch.Tensor) -> torch.Tensor:
     return head.refine(x, head(x).float())
 
 
-def _tokens_through(head: Int8Weight, int4: Int4Candidates | None, x: torch.Tensor) -> torch.Tensor:
-    """candidate_tokens with the int4 pass given (None: oneDNN's int8 pass whatever the rows)."""
+@contextmanager
+def _int4_pass(head: Int8Weight, int4: Int4Candidates | None) -> Iterator[None]:
+    """The head with the int4 pass given (None: oneDNN's int8 pass whatever the rows)."""
     keep = head.int4_candidates
     head.int4_candidates = int4
     try:
-        return head.candidate_tokens(x)
+        yield
     finally:
         head.int4_candidates = keep
+
+
+def _tokens_through(head: Int8Weight, int4: Int4Candidates | None, x: torch.Tensor) -> torch.Tensor:
+    with _int4_pass(head, int4):
+        return head.candidate_tokens(x)
 
 
 def speed_rows(
@@ -156,17 +163,9 @@ def accuracy(head: Int8Weight, x: torch.Tensor) -> list[dict[str, Any]]:
         out.append(row("oneDNN int8 (candidates)", head.candidate_head(x), head.candidate_logits(x)))
     if head.int4_candidates is not None:
         int4 = _Always(head.int4_candidates)
-        out.append(row("rillet int4 (candidates, few rows)", int4(x), _logits_through(head, int4, x)))
+        with _int4_pass(head, int4):
+            out.append(row("rillet int4 (candidates, few rows)", int4(x), head.candidate_logits(x)))
     return out
-
-
-def _logits_through(head: Int8Weight, int4: Int4Candidates, x: torch.Tensor) -> torch.Tensor:
-    keep = head.int4_candidates
-    head.int4_candidates = int4
-    try:
-        return head.candidate_logits(x)
-    finally:
-        head.int4_candidates = keep
 
 
 def main() -> None:
