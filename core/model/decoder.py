@@ -138,9 +138,10 @@ class DecoderModel(nn.Module):
 
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> [N] long: plain greedy rows' tokens, each row's argmax. The int8 head
-        gives the best of its 16 candidates' exact logits (Int8Weight.candidate_tokens), no [N, V]
-        logits: the full head's argmax wherever the best token is among them; other heads the
-        argmax of compute_logits."""
+        gives the best of its 16 candidates' exact logits (Int8Weight.candidate_tokens; picked by
+        its int4 copy for few rows, else by oneDNN's int8 pass), no [N, V] logits: the full
+        head's argmax wherever the best token is among them; other heads the argmax of
+        compute_logits."""
         if self.quant_head is None:
             return self.compute_logits(hidden).argmax(-1)
         return self.quant_head.candidate_tokens(hidden, cap=self.arch.final_softcap)

@@ -1,4 +1,5 @@
 """The LM head's candidate pass for rows that read only their argmax: int8 x int8 through oneDNN.
+(Batches of few rows take an int4 copy of the head where rillet's kernel runs: int4_candidates.py.)
 
 A plain greedy row (no penalties, bias, logprobs, min_tokens mask or grammar: the sampler takes
 only the argmax) needs from the head only which tokens could be the best; `Int8Weight` then
