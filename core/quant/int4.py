@@ -221,11 +221,6 @@ class Int8Weight(nn.Module):
             return self.int4_candidates(x)
         return self(x).float() if self.candidate_head is None else self.candidate_head(x)
 
-    def has_candidate_pass(self) -> bool:
-        """Whether plain greedy rows pick their candidates by a pass that reads the head about once
-        for a few rows (not torch's int8 kernel, a pass per block of 4 rows)."""
-        return self.candidate_head is not None or self.int4_candidates is not None
-
     def _exact(self, x: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
         """x [B, K], token ids top [B, k] -> their float32 logits [B, k] from the group-32 codes.
         A product and a sum over the last dim, not a batched matmul: each logit is then summed in
