@@ -78,7 +78,7 @@ class ServerState:
             cfg.stream.max_buffered_tokens,
             self.metrics,
             getattr(engine, "gate", None),  # engines without one (test doubles): never give way
-            write_last=getattr(engine, "hands_off", True),
+            write_last=cfg.stream.write_order == "after_release",
         )
         disp.attach(asyncio.get_running_loop())
         self.dispatcher = disp

@@ -1,5 +1,5 @@
 """The one consumer of the engine ring: a reader callback on the event loop that routes deltas to
-request streams, releases the engine, then writes.
+request streams, writes, and releases the engine.
 
 Wake-up protocol (core/ring.py): the dispatcher raises the ring's waiting flag just before it
 parks; the engine thread, after a push, sees the flag and wakes the loop through a `Waker` (an
@@ -8,17 +8,17 @@ engine step and never while the dispatcher is busy. One callback then does every
 task, future or `sleep(0)` hop between the engine and its next step:
 
   1. take every step that piled up (`pop_all`) and route its deltas to their streams; a stream
-     whose socket is free formats its SSE bytes at once (sse.py's direct path); others wake their
-     coroutine;
-  2. release the ring: an engine that hands off (`stream.handoff`) starts its next model run;
-  3. with an engine that hands off (`write_last`), write the outbox, the bytes formatted in 1, to
-     the sockets: the last act before the loop parks. A `send` wakes the client's process, which
-     on a busy box can preempt this thread: the engine is not waiting for anything by then.
-Without a handoff (CUDA, the null engine) the engine never waits for the release, and each
-stream's bytes go out as they are formatted, in 1: a `send` releases the GIL, so an engine thread
-that needs it for its host work (landing, scheduling, launching) gets it at the next stream's
-write instead of after the whole pass (issue 25; bench/RESULTS.md 2026-12-04: the null engine's
-streamed steps grew 0.7-2.4 % with the writes held to the end of the pass, -0.4-0.6 % without).
+     whose socket is free formats its SSE bytes at once (sse.py's direct path) and writes them;
+     others wake their coroutine;
+  2. release the ring: an engine that hands off (`stream.handoff`) starts its next model run.
+The writes go out in 1, so an engine that hands off waits for them (`stream.write_order:
+as_formatted`). Held until after 2 (`after_release`: the bytes formatted in 1 wait in the outbox,
+written as the loop's last act before it parks), the model run starts earlier, but on a core the
+loop shares with a CPU model the engine thread's steps cost 1-3 % more CPU streamed at c = 8
+(bench/RESULTS.md 2026-12-05). Without a handoff (CUDA, the null engine) the engine never waits
+for the release, and holding the writes kept the GIL with the loop for the whole pass, where a
+`send` per stream releases it to an engine thread that needs it for its host work (issue 25;
+bench/RESULTS.md 2026-12-04: the null engine's streamed steps grew 0.7-2.4 % held, -0.4-0.6 % not).
 Counters are plain ints owned by the loop (no lock per token); /metrics reads them at scrape time.
 
 Engine first (`gate`: stream.engine_first, core/engine/handoff/gil_gate.py): every GIVE_WAY_EVERY
@@ -63,8 +63,8 @@ class Dispatcher:
         gate: Gate | None = None,
         write_last: bool = True,
     ) -> None:
-        """`write_last`: the engine hands off (waits for the release): hold each pass's writes
-        until the ring is released (step 3 above); False: write as formatted."""
+        """`write_last` (stream.write_order after_release): hold each pass's writes until the ring
+        is released; False: write as formatted."""
         self._ring = ring
         self.write_last = write_last
         self._gate = gate
@@ -149,7 +149,7 @@ class Dispatcher:
 
         Delivery after the whole pass (not per delta) means one event or one wake-up per request
         per pass, however many engine steps the pass took from the ring. A direct write is only
-        formatted here: `write_outbox` sends it (after the release, in the callback).
+        sent as formatted, or, with `write_last`, by `write_outbox` after the release.
         """
         routes = self._routes
         now = time.monotonic()

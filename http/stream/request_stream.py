@@ -77,9 +77,9 @@ class RequestStream:
         # Set by a consumer that folds deltas as they come (non-streaming): push hands each delta
         # to it instead of keeping it pending. Must not raise (it runs inside the dispatcher).
         self.sink: Callable[[SeqDelta], None] | None = None
-        # The dispatcher's outbox (set on register when the engine hands off): a flusher posts its
-        # writes there, and the dispatcher sends them after releasing the engine. None: the
-        # flusher writes at once.
+        # The dispatcher's outbox (set on register with stream.write_order after_release): a
+        # flusher posts its writes there, and the dispatcher sends them after releasing the
+        # engine. None: the flusher writes at once.
         self.outbox: Outbox | None = None
 
     def post(self, write: Callable[[bytes], None], data: bytes) -> None:

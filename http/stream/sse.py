@@ -91,9 +91,9 @@ class Emitter:
 
 
 def flusher(stream: RequestStream, emitter: Emitter, direct: DirectWrite) -> Callable[[], bool]:
-    """The stream's direct path; False hands the work to the pump. Its bytes go to the stream's
-    outbox, which the dispatcher writes once it has released an engine that hands off, or
-    straight to the socket (no outbox: dispatcher.py's `write_last`)."""
+    """The stream's direct path; False hands the work to the pump. Its bytes go straight to the
+    socket, or to the stream's outbox, which the dispatcher writes once it has released the
+    engine (stream.write_order after_release: dispatcher.py's `write_last`)."""
 
     def flush() -> bool:
         if stream.failure is not None or stream.unfinished == 0 or not direct.ready():

@@ -37,6 +37,7 @@ def test_yaml_file_and_overrides(tmp_path: Path) -> None:
         ({}, ["attention.flashinfer_prefill_backend=fa4"], "attention.flashinfer_prefill_backend"),
         ({"attention": {"prefill_backend": "fa2"}}, [], "attention.prefill_backend"),
         ({}, ["stream.ring_capacity=1000"], "stream.ring_capacity"),
+        ({}, ["stream.write_order=last"], "stream.write_order"),
         ({}, ["server.port=true"], "server.port"),
         ({}, ["justakey"], "justakey"),
         ({"cache": 3}, [], "cache"),

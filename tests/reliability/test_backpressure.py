@@ -50,12 +50,16 @@ def _cut_logged(caplog: pytest.LogCaptureFixture) -> bool:
     return any("cut off" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
 
 
+@pytest.mark.parametrize("order", ["as_formatted", "after_release"])
 def test_stalled_reader_is_cut_off_and_disconnected(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    order: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """`order`: stream.write_order, whether a pass's writes go out before the engine's release."""
     caplog.set_level(logging.WARNING, logger="rillet.http.stream.dispatcher")
     monkeypatch.setattr(generate, "CUT_OFF_GRACE_S", 0.5)  # the grace ends while nothing is read
-    with served(*CUT) as (engine, srv):
+    with served(*CUT, f"stream.write_order={order}") as (engine, srv):
+        assert srv.state.dispatcher is not None
+        assert srv.state.dispatcher.write_last is (order == "after_release")
 
         async def run() -> bytes:
             raw = await _stalled(srv, engine.model_name)

@@ -85,7 +85,7 @@ def test_with_handoff_each_run_waits_for_the_release_of_the_previous_step(handof
     # release of the step before it. Off: the consumer handles nothing until the engine is idle,
     # so the engine must run all its steps without one release (it never waits for the loop).
     engine = _engine(handoff, timeout_ms=60_000.0)  # a timeout on a slow machine is no pass
-    assert engine.hands_off is (handoff == "on")  # the server's dispatcher holds its writes if so
+    assert engine.hands_off is (handoff == "on")
     events: list[str] = []
     _record(engine, events)
     stop, handled = threading.Event(), threading.Event()

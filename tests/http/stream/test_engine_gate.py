@@ -87,7 +87,7 @@ def test_streams_through_the_gate_equal_the_answers_without_streaming(probe: str
             return "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
 
         with serving(engine, cfg=cfg) as srv, ThreadPoolExecutor(16) as pool:
-            assert srv.state.dispatcher is not None and not srv.state.dispatcher.write_last  # no handoff
+            assert srv.state.dispatcher is not None and not srv.state.dispatcher.write_last  # as formatted
             jobs = [(i, s) for i in range(12) for s in (True, False)]
             got = list(pool.map(lambda job: ask(*job), jobs))
         for i in range(12):

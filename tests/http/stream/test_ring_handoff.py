@@ -113,11 +113,10 @@ class _Socket:
 
 
 @pytest.mark.parametrize("write_last", [True, False])
-def test_the_dispatcher_routes_releases_then_writes(write_last: bool) -> None:
-    """With an engine that hands off: route and format, release the engine, then write to the
-    socket, so that no client woken by a send can stand between the engine and its next model
-    run. Without one, each write goes out as it is formatted, before the release: its `send`
-    lets an engine thread waiting for the GIL in at once."""
+def test_the_dispatcher_writes_as_formatted_or_after_the_release(write_last: bool) -> None:
+    """stream.write_order: by default each write goes out as it is formatted, before the engine
+    that hands off is released (its model run then never shares the core with the sends); with
+    `write_last` (after_release) route and format, release the engine, then write."""
 
     async def scenario() -> tuple[list[tuple[bytes, bool]], bool]:
         ring: SpscRing[StepOutput] = SpscRing(16)
