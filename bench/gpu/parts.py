@@ -234,7 +234,7 @@ def part_d(
     chat only at its two highest levels, with the event loop's engine gate (stream.engine_first,
     core/engine/handoff/gil_gate.py) off, or on with that probe (device, clock, none): what giving way to
     the engine's host work buys; `last`: gate off, and each routing pass's writes held until its
-    end, the order before de082c1 (http/stream/dispatcher.py's `write_last`), against `off`.
+    end, the order before de082c1 (stream.write_order after_release), against `off`.
     `depth2`: gate off, two steps in flight (engine.overlap_depth 2: step N+2 launched before N
     lands); `depth2-none`: the same with the gate on (probe none). Swapped between steps: the
     engine is idle between parts."""

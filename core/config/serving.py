@@ -28,8 +28,8 @@ class StreamConfig:
     # When the event loop's socket writes of a routing pass go out: as each stream's event is
     # formatted, before the ring's release (an engine that hands off waits meanwhile), or held until
     # after the release. after_release starts the engine's next model run one pass's sends
-    # earlier, but on a core shared with a CPU model the engine thread's steps then cost 1-3 % more
-    # CPU streamed at c = 8, and as_formatted took none (bench/RESULTS.md, 2026-12-05).
+    # earlier; on a core the loop shares with a CPU model it streamed slightly worse at c = 8
+    # (streamed / non-streamed, median of runs 0.980 against 0.986; bench/RESULTS.md 2026-12-05).
     write_order: Literal["as_formatted", "after_release"] = "as_formatted"
     # With asynchronous launches (CUDA) the event loop gives way to the engine thread's host work
     # (landing, scheduling and launching steps) instead of sharing the GIL with it, parking at most

@@ -13,12 +13,13 @@ task, future or `sleep(0)` hop between the engine and its next step:
   2. release the ring: an engine that hands off (`stream.handoff`) starts its next model run.
 The writes go out in 1, so an engine that hands off waits for them (`stream.write_order:
 as_formatted`). Held until after 2 (`after_release`: the bytes formatted in 1 wait in the outbox,
-written as the loop's last act before it parks), the model run starts earlier, but on a core the
-loop shares with a CPU model the engine thread's steps cost 1-3 % more CPU streamed at c = 8
-(bench/RESULTS.md 2026-12-05). Without a handoff (CUDA, the null engine) the engine never waits
-for the release, and holding the writes kept the GIL with the loop for the whole pass, where a
-`send` per stream releases it to an engine thread that needs it for its host work (issue 25;
-bench/RESULTS.md 2026-12-04: the null engine's streamed steps grew 0.7-2.4 % held, -0.4-0.6 % not).
+written as the loop's last act before it parks), the model run starts earlier, but with the loop
+and a CPU model on one core streams did slightly worse at c = 8 (streamed / non-streamed, median
+of runs 0.980 against 0.986; bench/RESULTS.md 2026-12-05). Without a handoff (CUDA, the null
+engine) the engine never waits for the release, and holding the writes kept the GIL with the loop
+for the whole pass, where a `send` per stream releases it to an engine thread that needs it for
+its host work (issue 25; bench/RESULTS.md 2026-12-04: the null engine's streamed steps grew
+0.7-2.4 % held, -0.4-0.6 % not).
 Counters are plain ints owned by the loop (no lock per token); /metrics reads them at scrape time.
 
 Engine first (`gate`: stream.engine_first, core/engine/handoff/gil_gate.py): every GIVE_WAY_EVERY
