@@ -104,8 +104,7 @@ class Engine:
         self.handoff_s = resolve_handoff(self.cfg, rt.device.type)
         state = "off" if self.handoff_s is None else f"on (<= {self.handoff_s * 1000:g} ms)"
         log.info("stream handoff: %s", state)
-        hands_off = self.handoff_s is not None
-        self.core.gate, why = resolve_gate(self.cfg.stream, self.async_launch, hands_off)
+        self.core.gate, why = resolve_gate(self.cfg.stream, self.async_launch, self.hands_off)
         log.info("engine first (the event loop gives way to the engine's host work): %s", why)
 
     def _main(self, progress: Callable[[str, float], None] | None) -> None:

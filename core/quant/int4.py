@@ -72,7 +72,7 @@ class Int4Weight(nn.Module):
         codes, scale, zero = minmax_int4(_groups(weight))
         self.out_features, self.in_features = weight.shape
         if rows is None:
-            rows = weight.device.type == "cpu" and rows_kernel.fits(*weight.shape) and rows_kernel.enabled()
+            rows = rows_kernel.runs(weight.device.type, *weight.shape)
         elif rows and not (rows_kernel.fits(*weight.shape) and rows_kernel.available()):
             raise ValueError(f"int4: rillet's kernel cannot take a {tuple(weight.shape)} weight here")
         self.rows = rows

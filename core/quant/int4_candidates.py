@@ -58,6 +58,6 @@ class Int4Candidates:
 def build(codes: torch.Tensor, scales: torch.Tensor) -> Int4Candidates | None:
     """An Int4Candidates for this head where rillet's int4 kernel runs and takes its shape, else None."""
     n, groups, group = codes.shape
-    if codes.device.type != "cpu" or not rows_kernel.fits(n, groups * group) or not rows_kernel.enabled():
+    if not rows_kernel.runs(codes.device.type, n, groups * group):
         return None
     return Int4Candidates(codes, scales)

@@ -88,6 +88,11 @@ def fits(n: int, k: int) -> bool:
     return n % TILE == 0 and k % GROUP == 0
 
 
+def runs(device_type: str, n: int, k: int) -> bool:
+    """Whether an [n, k] int4 weight on this device goes through this kernel by default."""
+    return device_type == "cpu" and fits(n, k) and enabled()
+
+
 def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """codes [N, K/G, G] in [0, 15], scale and zero [N, K/G] -> (packed [N/32, K/32, 16, 32] uint8,
     sz [N/32, K/32, 2, 32] bf16): the layout kernels/int4_rows.cpp reads, for w = (q - 8) * s + z."""
