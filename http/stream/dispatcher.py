@@ -62,7 +62,7 @@ class Dispatcher:
         max_buffered_tokens: int,
         metrics: Metrics | None = None,
         gate: Gate | None = None,
-        write_last: bool = True,
+        write_last: bool = False,
     ) -> None:
         """`write_last` (stream.write_order after_release): hold each pass's writes until the ring
         is released; False: write as formatted."""
