@@ -47,23 +47,35 @@ def store_client(addr: str, port: int, timeout_s: float) -> TCPStore:
 
 class Heartbeat:
     """A worker's daemon thread: bump hb/<rank> every `interval_s`; if rank 0's store cannot be
-    reached, end the process (rank 0 is gone, so is the point of this rank)."""
+    reached, end the process (rank 0 is gone, so is the point of this rank).
+
+    `stop` before the worker exits: rank 0 closes its store once its ranks have stopped, and a
+    daemon thread still inside a store call when the interpreter finalizes aborts the process
+    (SIGABRT from C++, "terminate called without an active exception") instead of exiting 0."""
 
     def __init__(self, addr: str, port: int, rank: int, interval_s: float) -> None:
-        self.store = store_client(addr, port, max(5.0, 4 * interval_s))
+        self.timeout_s = max(5.0, 4 * interval_s)
+        self.store = store_client(addr, port, self.timeout_s)
         self.key, self.interval_s = heartbeat_key(rank), interval_s
         self.store.add(self.key, 1)
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"rillet-heartbeat-{rank}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while True:
-            time.sleep(self.interval_s)
+        while not self._stop.wait(self.interval_s):
             try:
                 self.store.add(self.key, 1)
             except Exception as exc:  # the store lives in rank 0: it is gone
+                if self._stop.is_set():  # the worker is ending anyway: rank 0 may close first
+                    return
                 log.error("rank 0 is unreachable (%s): exiting", exc)
                 os._exit(EXIT_RANK0_LOST)
+
+    def stop(self) -> None:
+        """Ends the thread (waits out a store call in flight, at most its timeout)."""
+        self._stop.set()
+        self._thread.join(self.timeout_s + self.interval_s)
 
 
 def describe_exit(code: int | None) -> str:

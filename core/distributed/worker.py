@@ -67,7 +67,15 @@ def worker_main(cfg: RilletConfig, rank: int, local_rank: int, addr: str, port: 
     )
     p = cfg.parallel
     store = store_client(addr, port, p.init_timeout_s)
-    Heartbeat(addr, port, rank, min(1.0, p.liveness_timeout_s / 5))
+    heartbeat = Heartbeat(addr, port, rank, min(1.0, p.liveness_timeout_s / 5))
+    try:
+        _run(cfg, store, rank, local_rank)
+    finally:
+        heartbeat.stop()
+
+
+def _run(cfg: RilletConfig, store: Store, rank: int, local_rank: int) -> None:
+    p = cfg.parallel
     try:
         device = local_device(cfg, local_rank)
         set_threads(cfg, device)
