@@ -15,6 +15,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from rillet.core.engine.deltas import token_delta
 from rillet.core.engine.handoff.gil_gate import EngineGate
 from rillet.core.engine.runs import RunLanding
 from rillet.core.errors import ErrorKind
@@ -140,24 +141,8 @@ class StepLanding(RunLanding):
                 deltas.extend(self._failed_output(seq, exc))
                 continue
             lp = logprobs[i]
-            deltas.append(
-                delta := SeqDelta(
-                    seq.request_id,
-                    seq.index,
-                    [token],
-                    text,
-                    None if lp is None else [lp],
-                    reason,
-                    len(seq.prompt_ids),
-                    seq.num_cached,
-                    len(out),
-                    seq.error,
-                    seq.error_kind,
-                    None if reason is None else detok.stop_str,
-                )
-            )
-            if seq.prompt_lps is not None and len(out) == 1:
-                delta.prompt_logprobs = seq.prompt_lps
+            lps = None if lp is None else [lp]
+            deltas.append(token_delta(seq, [token], text, lps, reason, detok.stop_str))
             # overlap: the new token completed a block that the step in flight has computed
             if num_tokens % block_size == 0 and seq.num_computed >= num_tokens and reason is None:
                 self.blocks.commit(seq)

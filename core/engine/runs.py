@@ -14,10 +14,11 @@ from __future__ import annotations
 import time
 
 from rillet.core.engine.block_manager import BlockManager
+from rillet.core.engine.deltas import token_delta
 from rillet.core.engine.detokenizer import IncrementalDetokenizer
 from rillet.core.outputs import SeqDelta
 from rillet.core.runner.base import SampleResult
-from rillet.core.sequence import FinishReason, Seq, SeqStatus, TokenLogprob
+from rillet.core.sequence import FinishReason, Seq, SeqStatus
 from rillet.core.spec.speculator import Speculator
 from rillet.core.spec.views import accepted_run
 
@@ -57,21 +58,26 @@ class RunLanding:
             accepted = accepted_run(draft, tokens[start:end])
             run = tokens[start : start + accepted + 1]
             try:
-                text, reason, kept = self._add_run(seq, run, now)
+                text, reason, kept, stop_str = self._add_run(seq, run, now)
             except Exception as exc:
                 deltas.extend(self._failed_output(seq, exc))
                 continue
             if draft:
                 spec.observe(seq, len(draft), accepted)
-            deltas.append(_delta(seq, run[:kept], text, logprobs[start : start + kept], reason))
+            lps = logprobs[start : start + kept]
+            kept_lps = None if not lps or lps[0] is None else [lp for lp in lps if lp is not None]
+            deltas.append(token_delta(seq, run[:kept], text, kept_lps, reason, stop_str))
             if reason is None and draft:  # roll the refused drafts' K/V slots back
                 seq.num_computed = min(seq.num_computed, seq.num_tokens - 1)
                 self.blocks.truncate(seq, seq.num_tokens)
                 self.blocks.commit(seq)
         return deltas
 
-    def _add_run(self, seq: Seq, run: list[int], now: float) -> tuple[str, FinishReason | None, int]:
-        """Appends `run` token by token until one ends the sequence: (text, finish, tokens kept)."""
+    def _add_run(
+        self, seq: Seq, run: list[int], now: float
+    ) -> tuple[str, FinishReason | None, int, str | None]:
+        """Appends `run` token by token until one ends the sequence: (text, finish, tokens kept,
+        the stop string that ended it if one did)."""
         out, detok = seq.output_ids, self._detok[seq.seq_id]
         if seq.first_token_time is None:
             seq.first_token_time = now
@@ -90,23 +96,5 @@ class RunLanding:
             if reason is not None:
                 self._finish(seq, reason)
                 break
-        return "".join(parts), reason, len(parts)
+        return "".join(parts), reason, len(parts), detok.stop_str
 
-
-def _delta(
-    seq: Seq, tokens: list[int], text: str, lps: list[TokenLogprob | None], reason: FinishReason | None
-) -> SeqDelta:
-    logprobs = None if not lps or lps[0] is None else [lp for lp in lps if lp is not None]
-    return SeqDelta(
-        seq.request_id,
-        seq.index,
-        tokens,
-        text,
-        logprobs,
-        reason,
-        len(seq.prompt_ids),
-        seq.num_cached,
-        len(seq.output_ids),
-        seq.error,
-        seq.error_kind,
-    )

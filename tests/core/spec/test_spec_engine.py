@@ -46,6 +46,8 @@ GROUNDED = [
     Req("echo", prompt(10, 12) * 3, P(max_tokens=30, temperature=0.0, ignore_eos=True)),
     Req("echo-seeded", prompt(11, 9) * 3, P(max_tokens=24, temperature=0.6, seed=7, logprobs=2), arrive=3),
     Req("echo-stop", prompt(12, 7) * 3, P(max_tokens=30, temperature=0.0, stop=("5*",)), arrive=5),
+    # its first token lands in a step that verifies others' drafts: the prompt's logprobs with it
+    Req("prompt-lps", prompt(13, 6) * 2, P(max_tokens=10, temperature=0.0, prompt_logprobs=2), arrive=4),
 ]
 
 
@@ -89,6 +91,11 @@ def same_outputs(a: Run, b: Run, workload: list[Req]) -> None:
         assert n >= 1 and a.tokens()[key][:n] == b.tokens()[key][:n]
     assert ta == tb
     assert a.finishes() == b.finishes()
+    assert _stop_strs(a) == _stop_strs(b)
+    assert _prompt_lps(a).keys() == _prompt_lps(b).keys()
+    for key, lps in _prompt_lps(a).items():
+        assert [t for t, _ in lps] == [t for t, _ in _prompt_lps(b)[key]]
+        assert [x for _, x in lps] == pytest.approx([x for _, x in _prompt_lps(b)[key]], abs=1e-4)
     texts = {k: "".join(d.text for d in ds) for k, ds in a.deltas.items() if k not in aborted}
     assert texts == {k: "".join(d.text for d in ds) for k, ds in b.deltas.items() if k not in aborted}
     for key in ta:
@@ -98,6 +105,20 @@ def same_outputs(a: Run, b: Run, workload: list[Req]) -> None:
             (x.token_id, [t for t, _ in x.top]) for x in lb
         ]
         assert [x.logprob for x in la] == pytest.approx([x.logprob for x in lb], abs=1e-4)
+
+
+def _stop_strs(run: Run) -> dict[tuple[str, int], str | None]:
+    return {k: ds[-1].stop_str for k, ds in run.deltas.items()}
+
+
+def _prompt_lps(run: Run) -> dict[tuple[str, int], list[tuple[int, float]]]:
+    """Each choice's prompt logprobs, (token, logprob) by position, from the delta that carried them."""
+    return {
+        k: [(x.token_id, x.logprob) for x in d.prompt_logprobs]
+        for k, ds in run.deltas.items()
+        for d in ds
+        if d.prompt_logprobs is not None
+    }
 
 
 @pytest.mark.parametrize(
@@ -138,6 +159,7 @@ def test_the_workload_gives_the_same_outputs_with_speculation(
     assert fast.preemptions > 0 and fast.prefix_hit_tokens > 0
     finishes = fast.finishes()
     assert finishes[("echo-stop", 0)] is FinishReason.STOP and finishes[("aborted", 0)] is FinishReason.ABORT
+    assert _stop_strs(fast)[("echo-stop", 0)] == "5*" and ("prompt-lps", 0) in _prompt_lps(fast)
     assert any(fast.tokens()[k][-1] == EOS for k, f in finishes.items() if f is FinishReason.STOP)
     # several tokens of one sequence reached the front end as one delta; a first token came alone
     assert max(len(d.token_ids) for ds in fast.deltas.values() for d in ds) > 1

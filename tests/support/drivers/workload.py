@@ -93,6 +93,8 @@ def make_seqs(req: Req, ids: itertools.count[int]) -> list[Seq]:
             p = P(**{**p.__dict__, "seed": p.seed + i})
         seq = Seq(next(ids), req.rid, list(req.prompt), p, index=i)
         seq.leader = seqs[0] if seqs else None
+        if p.prompt_logprobs is not None and i == 0:  # as Admission.make_seqs
+            seq.prompt_lps = []
         seqs.append(seq)
     return seqs
 
