@@ -115,6 +115,7 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         max_len = max_model_len(cfg, model.arch)
         if "generate" not in setup.tasks and src.st is not None and src.st.max_seq_length is not None:
             max_len = min(max_len, src.st.max_seq_length)  # as sentence-transformers cuts its inputs
+        max_len = fit_pool(max_len, blocks)
         spec = None
         if "generate" in setup.tasks:  # embeddings never decode: nothing to speculate
             spec = build_speculator(
@@ -219,6 +220,23 @@ def _block_pool(
     return BlockManager(num_blocks, cfg.cache.block_size, cfg.cache.prefix_caching)
 
 
+def fit_pool(max_len: int, blocks: BlockManager) -> int:
+    """The context length a sequence can reach in this pool: one that needs more blocks than the
+    pool has would preempt itself forever (the scheduler frees room by preempting others, never
+    past its own need), and hold up the queue behind it. So the context is capped at the pool."""
+    room = blocks.num_usable * blocks.block_size
+    if max_len <= room:
+        return max_len
+    log.warning(
+        "the KV pool holds %d tokens, fewer than the context length %d: prompt + max_tokens is "
+        "limited to %d (raise cache.num_blocks, cache.memory_gb or cache.memory_fraction)",
+        room,
+        max_len,
+        room,
+    )
+    return room
+
+
 def _log_model(
     name: str,
     src: ModelSource,
@@ -266,7 +284,7 @@ def _synthetic_runtime(
     return Runtime(
         tokenizer=tok,
         model_name=name,
-        max_model_len=m.max_model_len or 8192,
+        max_model_len=fit_pool(m.max_model_len or 8192, blocks),
         scheduler=Scheduler(cfg.scheduler, blocks),
         runner=SyntheticRunner(
             m.synthetic_step_ms, pool, m.synthetic_async, cfg.cache.block_size, m.synthetic_host_ms
