@@ -248,3 +248,10 @@ async def read_body(request: web.BaseRequest, timeout: float) -> bytes:
         raise conn.body_missed() from None
     except HttpProcessingError as exc:
         raise wire_error(exc) from exc
+    except web.RequestPayloadError as exc:
+        # aiohttp's parser failed on the body itself (e.g. a Content-Encoding it could not decode)
+        # and failed the read with this wrapper. The rest of the body is not drained: the answer
+        # closes the connection (wire_error), and without EOF aiohttp would read on after it.
+        request.content.feed_eof()
+        cause = exc.__cause__
+        raise wire_error(cause if isinstance(cause, HttpProcessingError) else None) from exc

@@ -8,8 +8,11 @@ chunk arriving while the handler already reads the body used to leave the reques
 
 from __future__ import annotations
 
+import gzip
+import logging
 import socket
 import time
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -133,6 +136,28 @@ def test_bad_chunk_while_the_body_is_being_read(server: tuple[Any, BackgroundSer
     status, _, answer = _exchange(
         srv, [CHUNKED.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"), good], 0.1
     )
+    assert status == 200, answer
+    assert orjson.loads(answer)["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_a_body_its_content_encoding_does_not_decode(
+    server: tuple[Any, BackgroundServer], encoding: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiohttp fails the body's read with its own wrapper: a 400 that closes the connection, not a
+    500 and an 'unhandled exception' logged twice. The same body encoded right is served."""
+    engine, srv = server
+    body = orjson.dumps({"model": engine.model_name, "prompt": "x", "max_tokens": 2})
+
+    def post(payload: bytes) -> bytes:
+        head = b"Content-Encoding: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+        return POST + head % (encoding.encode(), len(payload)) + payload
+
+    with caplog.at_level(logging.ERROR):
+        _assert_error(_exchange(srv, [post(body)]), 400, "bad_http_message")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    packed = gzip.compress(body) if encoding == "gzip" else zlib.compress(body)
+    status, _, answer = _exchange(srv, [post(packed)])
     assert status == 200, answer
     assert orjson.loads(answer)["choices"][0]["text"]
 
