@@ -65,6 +65,7 @@ class Scheduler:
         self.running_embeds = 0  # embedding sequences among `running`
         self.lora_slots: SlotTable | None = None  # set when the model serves LoRA adapters
         self._lora_writes: list[SlotWrite] = []  # placements not yet handed to a batch
+        self.preemptions = 0  # sequences preempted since start (/metrics)
 
     # ---- queue management --------------------------------------------------------------------
     def add(self, seq: Seq) -> None:
@@ -219,6 +220,7 @@ class Scheduler:
         self._drop_slot(seq)
         seq.status = SeqStatus.WAITING
         seq.num_preemptions += 1
+        self.preemptions += 1
         self._queue(seq).appendleft(seq)
 
 

@@ -169,6 +169,12 @@ def engine_samples(stats: Any, wakeups: int, active_streams: int) -> list[Sample
             stats.cached_prompt_tokens,
         ),
         ("rillet_engine_steps", "Engine steps run", "counter", stats.steps),
+        (
+            "rillet_num_preemptions",
+            "Sequences preempted for KV blocks (freed, recomputed when readmitted)",
+            "counter",
+            stats.preemptions,
+        ),
         ("rillet_engine_busy_seconds", "Wall time spent in engine steps", "counter", stats.busy_seconds),
         (
             "rillet_engine_device_wait_seconds",

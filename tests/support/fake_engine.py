@@ -50,6 +50,7 @@ class FakeStats:
     kv_tokens_total: int = 0
     handoff_timeouts: int = 0
     device_wait_seconds: float = 0.0
+    preemptions: int = 0
 
 
 class FakeEngine:

@@ -105,6 +105,7 @@ def test_preemption_by_recompute_when_blocks_run_out() -> None:
     batches = run_all(s)
     assert any(x.preempted for x in batches)
     assert b.num_preemptions >= 1
+    assert s.preemptions == a.num_preemptions + b.num_preemptions  # /metrics' counter
     # Output continued where it stopped: the fake model's tokens are 1000, 1001, ... with no gap.
     assert a.output_ids == list(range(1000, 1012)) and b.output_ids == list(range(1000, 1012))
 

@@ -43,6 +43,7 @@ def test_health_and_metrics(synth_server: BackgroundServer) -> None:
         "rillet_prefix_cache_hit_rate",
         "rillet_prefix_cache_blocks",
         "rillet_engine_steps_total",
+        "rillet_num_preemptions_total",
         "rillet_ring_wakeups_total",
         "rillet_handoff_timeouts_total",
     ):
