@@ -5,15 +5,17 @@ One parser serves both paths, so a streamed answer's pieces concatenate to the n
 streaming feeds each piece of text as it arrives and sends the events at once; non-streaming feeds
 the whole text. Events: `("content", text)`, `("call", name)` (a call starts; its arguments follow),
 `("args", fragment)` (the raw JSON text of the arguments, as generated). Text that might still turn
-out to be the start of a `<tool_call>` tag is held back, as stop strings are. A block the parser
-cannot read as a call (other keys first, not JSON) is parsed whole once it closes, or given back as
-content.
+out to be the start of a `<tool_call>` tag is held back, as stop strings are. A call starts (and
+streams) once its arguments open as a JSON object; a block the parser cannot read so (other keys
+first, arguments of another JSON type, not JSON) is parsed whole once it closes: a call if its
+arguments are an object (or a string holding one), else given back as content.
 
-A call is only a call once its arguments are a whole JSON object: one cut by max_tokens (or
-garbled) never reaches a client as a call (non-streamed: `parse_all` drops it; streamed, where
-its fragments are out already, the finish reason stays `length`, which the SDKs' accumulators
-raise on). With `max_calls` (parallel_tool_calls false: 1) the text after the last allowed call
-is dropped.
+A call is a call once its arguments value has ended, in both paths, since a stream cannot take
+back what it sent: one cut by max_tokens is not (non-streamed: `complete()` leaves it out;
+streamed, where its fragments are out already, the finish reason stays `length`, which the SDKs'
+accumulators raise on). Arguments that end but are not valid JSON are passed on as generated, as
+OpenAI's API does. With `max_calls` (parallel_tool_calls false: 1) the text after the last
+allowed call is dropped.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\{)')
 _MAX_HEAD = 4096  # an opened block that neither reads as a call nor closes within this is content
 
 Event = tuple[Literal["content", "call", "args"], str]
@@ -177,10 +179,11 @@ class ToolCallParser:
             obj = None
         if isinstance(obj, dict) and isinstance(obj.get("name"), str):
             args = obj.get("arguments", obj.get("parameters", {}))
-            self.calls += 1
-            self.closed += 1
             text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-            return [("call", obj["name"]), ("args", text)]
+            if is_json_object(text):
+                self.calls += 1
+                self.closed += 1
+                return [("call", obj["name"]), ("args", text)]
         return [("content", OPEN + body + (CLOSE if closed else ""))]
 
 
@@ -199,9 +202,9 @@ class ParsedCalls:
     cut: bool = False  # the text ended inside the last call's arguments
 
     def complete(self, finish_reason: str | None = None) -> list[tuple[str, str]]:
-        """The calls to answer as calls: those whose arguments are a whole JSON object (one cut by
-        the length limit, or garbled, never is: a client must never run it)."""
-        return [(n, a) for n, a in self.calls if is_json_object(a)]
+        """The calls to answer as calls: those whose arguments value ended, as the stream's finish
+        counts them (a call cut by the length limit never is: a client must never run it)."""
+        return self.calls[:-1] if self.cut else self.calls
 
     @property
     def dropped(self) -> int:

@@ -123,6 +123,48 @@ def test_a_call_cut_by_max_tokens_is_not_a_call(scripted: tuple[openai.OpenAI, F
             pass
 
 
+ODD_BLOCKS = {
+    # arguments of another JSON type: not a call (a function takes an object), in either path
+    "string arguments": ('<tool_call>\n{"name": "get_weather", "arguments": "Tokyo"}\n</tool_call>', None),
+    "number arguments": ('<tool_call>\n{"name": "get_weather", "arguments": 7}\n</tool_call>', None),
+    # a string that holds an object: read whole once the block closes
+    "object in a string": (
+        '<tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}\n</tool_call>',
+        '{"city": "Oslo"}',
+    ),
+    # an object that is not valid JSON: streamed as generated once it opened, so a call in both
+    "garbled object": ('<tool_call>\n{"name": "get_weather", "arguments": {"city": Oslo}}\n</tool_call>', '{"city": Oslo}'),
+}
+
+
+@pytest.mark.parametrize("case", list(ODD_BLOCKS))
+def test_odd_tool_blocks_answer_the_same_streamed_and_not(
+    scripted: tuple[openai.OpenAI, FakeEngine], case: str
+) -> None:
+    """What a stream sends cannot be taken back, so the non-streamed answer is what the stream's
+    events add up to: the same content, calls and finish reason."""
+    client, engine = scripted
+    block, args = ODD_BLOCKS[case]
+    engine.reply = ("Sure.\n" + block).encode()
+    r = _ask(client, temperature=0)
+    msg = r.choices[0].message
+    plain = (msg.content, [(c.function.name, c.function.arguments) for c in msg.tool_calls or []])
+    content, deltas, finish = "", [], None
+    for chunk in _ask(client, temperature=0, stream=True):
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            deltas += c.delta.tool_calls or []
+            finish = c.finish_reason or finish
+    names = [d.function.name for d in deltas if d.id is not None]
+    streamed = (content or None, [(n, "".join(d.function.arguments or "" for d in deltas)) for n in names])
+    if args is None:
+        assert plain == ("Sure.\n" + block, []) and r.choices[0].finish_reason == "stop"
+    else:
+        assert plain == ("Sure.", [("get_weather", args)]) and r.choices[0].finish_reason == "tool_calls"
+    assert (streamed[0] or "").strip() == (plain[0] or "") and streamed[1] == plain[1]
+    assert finish == r.choices[0].finish_reason
+
+
 def test_parallel_tool_calls_false_gives_one_call(scripted: tuple[openai.OpenAI, FakeEngine]) -> None:
     client, engine = scripted
     engine.reply = REPLY.encode()
