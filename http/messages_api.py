@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
-from rillet.http.anthropic.bodies import message_body, new_id
-from rillet.http.anthropic.events import PING, MessagesFormat
+from rillet.http.anthropic.bodies import new_id
+from rillet.http.anthropic.events import PING, MessagesFormat, message_body
 from rillet.http.anthropic.protocol import count_tokens, parse_messages
 from rillet.http.generate import run_generation
 from rillet.http.grammar_prep import prepare_grammars
@@ -32,10 +32,13 @@ class MessagesFront:
 
     def stream_format(self) -> MessagesFormat:
         gen = self._gen
-        return MessagesFormat(self.request_id, self._model, len(gen.prompts[0]), gen.tools is not None)
+        tools = gen.tools is not None
+        return MessagesFormat(self.request_id, self._model, len(gen.prompts[0]), tools, gen.max_tool_calls)
 
     def body(self, results: list[ChoiceResult], usage: Usage) -> dict[str, Any]:
-        return message_body(self.request_id, self._model, results[0], usage, self._gen.tools is not None)
+        gen = self._gen
+        tools = gen.tools is not None
+        return message_body(self.request_id, self._model, results[0], usage, tools, gen.max_tool_calls)
 
 
 async def create_message(request: web.Request) -> web.StreamResponse:

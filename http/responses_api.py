@@ -16,12 +16,11 @@ from rillet.http.openai.errors import ApiError
 from rillet.http.responses.bodies import (
     conversation_after,
     new_id,
-    output_items,
     response_object,
     status_of,
     usage_body,
 )
-from rillet.http.responses.events import ResponsesFormat
+from rillet.http.responses.events import ResponsesFormat, answer_output
 from rillet.http.responses.protocol import ResponsesRequest, parse_responses, previous_response_id
 from rillet.http.responses.store import ResponseStore
 
@@ -41,11 +40,13 @@ class ResponsesFront:
     def stream_format(self) -> ResponsesFormat:
         req = self._req
         tools = req.gen.tools is not None
-        return ResponsesFormat(self.request_id, self._created, self._model, req.echo, tools, self._keep)
+        return ResponsesFormat(
+            self.request_id, self._created, self._model, req.echo, tools, self._keep, req.gen.max_tool_calls
+        )
 
     def body(self, results: list[ChoiceResult], usage: Usage) -> dict[str, Any]:
         result = results[0]
-        output = output_items(result, self._req.gen.tools is not None)
+        output = answer_output(result, self._req.gen.tools is not None, self._req.gen.max_tool_calls)
         status = status_of(output, result.finish_reason)
         response = response_object(
             self.request_id, self._created, self._model, self._req.echo, status, output, usage_body(usage)

@@ -1,11 +1,12 @@
-"""Anthropic message bodies: the non-streaming answer, and the pieces the stream shares with it.
+"""Anthropic message bodies: the pieces the non-streaming answer and the stream share (the answer
+itself is built by the stream's format for both paths: events.py `message_body`).
 
-Content: a `text` block (when there is text, or nothing else), then a `tool_use` block per call the
-answer makes (tools offered: the text is read for `<tool_call>` blocks, openai/tool_calls.py), its
-`input` the parsed arguments. `stop_reason`: `tool_use` when it calls, `max_tokens`, `stop_sequence`
-(with `stop_sequence` set to the string), else `end_turn`. A call cut by max_tokens is not
-answered (its arguments are unfinished JSON); a call whose arguments are not a JSON object is
-given back as text.
+Content, in the order generated: `text` blocks (one when there is nothing else) and a `tool_use`
+block per call the answer makes (tools offered: the text is read for `<tool_call>` blocks,
+openai/tool_calls.py), its `input` the parsed arguments. `stop_reason`: `tool_use` when it calls,
+`max_tokens`, `stop_sequence` (with `stop_sequence` set to the string), else `end_turn`. A call cut
+by max_tokens is not answered (its arguments are unfinished JSON); a call whose arguments are not a
+JSON object is given back as text.
 """
 
 from __future__ import annotations
@@ -14,10 +15,7 @@ import json
 import uuid
 from typing import Any
 
-from rillet.http.openai.bodies import ChoiceResult
 from rillet.http.openai.chunks import Usage
-from rillet.http.openai.tool_calls import parse_all
-from rillet.http.openai.tool_prompt import call_text
 
 
 def new_id(prefix: str) -> str:
@@ -49,28 +47,3 @@ def tool_input(arguments: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
-
-
-def message_body(mid: str, model: str, result: ChoiceResult, usage: Usage, tools: bool) -> dict[str, Any]:
-    text, blocks = result.text, []
-    if tools:
-        parsed = parse_all(result.text)
-        text = parsed.content
-        for name, args in parsed.complete(result.finish_reason):
-            value = tool_input(args)
-            if value is None:
-                text += call_text(name, args)
-            else:
-                blocks.append({"type": "tool_use", "id": new_id("toolu"), "name": name, "input": value})
-    content = [{"type": "text", "text": text}] if text.strip() or not blocks else []
-    stop = stop_reason(result.finish_reason, result.stop_str, bool(blocks))
-    return {
-        "id": mid,
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": content + blocks,
-        "stop_reason": stop,
-        "stop_sequence": result.stop_str if stop == "stop_sequence" else None,
-        "usage": usage_body(usage),
-    }

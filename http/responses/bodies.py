@@ -1,11 +1,12 @@
-"""Response objects and output items: one builder for the non-streaming answer, the stream's final
-event and the store, so that the three agree.
+"""Response objects and output items: the pieces the non-streaming answer, the stream's events and
+the store share, so that the three agree (the output items themselves are built by the stream's
+format for both paths: events.py `answer_output`).
 
-Output of one answer: a `message` item with one `output_text` part (when there is text, or when
-there is nothing else), then one `function_call` item per call the answer makes (tools offered: the
-text is read for `<tool_call>` blocks, openai/tool_calls.py). An answer cut by max_output_tokens is
-`incomplete` (`incomplete_details.reason: max_output_tokens`), and so is a call cut inside its
-arguments: never a completed call.
+Output of one answer, in the order generated: `message` items with one `output_text` part (text;
+one when there is nothing else) and one `function_call` item per call the answer makes (tools
+offered: the text is read for `<tool_call>` blocks, openai/tool_calls.py). An answer cut by
+max_output_tokens is `incomplete` (`incomplete_details.reason: max_output_tokens`), and so is its
+last item: a call cut inside its arguments is never a completed call.
 """
 
 from __future__ import annotations
@@ -13,9 +14,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from rillet.http.openai.bodies import ChoiceResult
 from rillet.http.openai.chunks import Usage
-from rillet.http.openai.tool_calls import new_call_id, parse_all
 
 
 def new_id(prefix: str) -> str:
@@ -45,23 +44,6 @@ def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str
         "name": name,
         "arguments": arguments,
     }
-
-
-def output_items(result: ChoiceResult, tools: bool) -> list[dict[str, Any]]:
-    """The output of a finished answer (the non-streaming path)."""
-    length = result.finish_reason == "length"
-    if not tools:
-        return [message_item(new_id("msg"), result.text, "incomplete" if length else "completed")]
-    parsed = parse_all(result.text)
-    complete = parsed.complete(result.finish_reason)
-    items = []
-    if parsed.content.strip() or not parsed.calls:
-        status = "incomplete" if length and not parsed.calls else "completed"  # the last item ran out
-        items.append(message_item(new_id("msg"), parsed.content, status))
-    for name, args in parsed.calls:
-        status = "completed" if (name, args) in complete else "incomplete"
-        items.append(call_item(new_id("fc"), new_call_id(), name, args, status))
-    return items
 
 
 def usage_body(usage: Usage) -> dict[str, Any]:

@@ -10,9 +10,10 @@
   error, response.failed                                          (a failure mid-stream)
 
 Every event carries its `sequence_number`. With tools offered the text is read for tool calls as it
-streams (openai/tool_calls.py, as chat does); whitespace before a first call opens no message item,
-so the items are those of the non-streaming answer (bodies.py). A text delta is a constant prefix,
-one orjson call on the text and the sequence number.
+streams (openai/tool_calls.py, as chat does; at most `max_calls` of them); whitespace before a first
+call opens no message item. The non-streaming answer's output is this format's over the whole text
+(`answer_output`), so its items, their order and statuses are the stream's. A text delta is a
+constant prefix, one orjson call on the text and the sequence number.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 import orjson
 from rillet.core.sequence import TokenLogprob
+from rillet.http.openai.bodies import ChoiceResult
 from rillet.http.openai.chunks import Usage
 from rillet.http.openai.errors import ApiError
 from rillet.http.openai.tool_calls import Event, ToolCallParser, new_call_id
@@ -61,14 +63,16 @@ class ResponsesFormat:
         echo: dict[str, Any],
         tools: bool,
         on_done: Callable[[dict[str, Any]], None] | None = None,
+        max_calls: int | None = None,
     ) -> None:
-        """`on_done(response)`: called with the final response object (the store keeps it)."""
+        """`on_done(response)`: called with the final response object (the store keeps it).
+        `max_calls`: tool calls answered at most (parallel_tool_calls false: 1; None: any)."""
         self._envelope = (rid, created, model, echo)
         self._on_done = on_done
         self._seq = 0
         self._output: list[dict[str, Any]] = []  # finished items
         self._open: _Item | None = None
-        self._parser = ToolCallParser() if tools else None
+        self._parser = ToolCallParser(max_calls) if tools else None
         self._held = ""  # whitespace that may precede a first call: no item yet
         self._finish: str | None = None
 
@@ -126,6 +130,11 @@ class ResponsesFormat:
             "failed", self._output, None, {"code": err.code or err.type, "message": err.message}
         )
         return self._emit(error) + self._emit({"type": "response.failed", "response": failed})
+
+    @property
+    def output(self) -> list[dict[str, Any]]:
+        """The finished output items so far."""
+        return list(self._output)
 
     # ---- items -----------------------------------------------------------------------------------
     def _events(self, events: list[Event]) -> list[bytes]:
@@ -251,3 +260,12 @@ class ResponsesFormat:
         obj["sequence_number"] = self._seq
         self._seq += 1
         return b"event: " + obj["type"].encode() + b"\ndata: " + _dumps(obj) + b"\n\n"
+
+
+def answer_output(result: ChoiceResult, tools: bool, max_calls: int | None = None) -> list[dict[str, Any]]:
+    """The output items of a finished answer (the non-streaming path): the stream's, built by
+    formatting the whole text at once (the events themselves are dropped)."""
+    fmt = ResponsesFormat("", 0, "", {}, tools, max_calls=max_calls)
+    fmt.piece(0, result.text, None)
+    fmt.finish(0, result.finish_reason or "stop", result.stop_str)
+    return fmt.output

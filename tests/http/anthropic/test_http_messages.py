@@ -120,6 +120,36 @@ def test_a_call_cut_by_max_tokens_is_not_a_tool_use(served: Any) -> None:
     assert final.stop_reason == "max_tokens"
 
 
+def _blocks(content: list[Any]) -> list[tuple[str, Any]]:
+    return [(b.type, b.text if b.type == "text" else (b.name, b.input)) for b in content]
+
+
+def _both(client: anthropic.Anthropic, **kwargs: Any) -> tuple[Any, Any]:
+    """The non-streamed message and the stream's final one."""
+    m = client.messages.create(model=MODEL, max_tokens=400, messages=USER, tools=TOOLS, **kwargs)
+    with client.messages.stream(model=MODEL, max_tokens=400, messages=USER, tools=TOOLS, **kwargs) as s:
+        return m, s.get_final_message()
+
+
+def test_disable_parallel_tool_use_answers_one_call(served: Any) -> None:
+    client, engine, _ = served
+    engine.reply = (REPLY + "\n" + REPLY.replace("Let me check.\n", "").replace("Paris", "Rome")).encode()
+    m, final = _both(client, tool_choice={"type": "auto", "disable_parallel_tool_use": True})
+    paris = ("tool_use", ("get_weather", {"city": "Paris"}))
+    assert _blocks(m.content) == [("text", "Let me check.\n"), paris]
+    assert _blocks(final.content) == _blocks(m.content) and m.stop_reason == final.stop_reason == "tool_use"
+    m, _ = _both(client)
+    assert len(m.content) == 3  # with parallel use: both calls
+
+
+def test_blocks_come_in_the_order_generated(served: Any) -> None:
+    client, engine, _ = served
+    engine.reply = (REPLY.replace("Let me check.\n", "") + "\nDone.").encode()
+    m, final = _both(client)
+    assert _blocks(m.content) == [("tool_use", ("get_weather", {"city": "Paris"})), ("text", "Done.")]
+    assert _blocks(final.content) == _blocks(m.content) and m.stop_reason == final.stop_reason == "tool_use"
+
+
 def test_count_tokens(served: Any) -> None:
     client, _, _ = served
     n = client.messages.count_tokens(model=MODEL, messages=USER, system="Be brief.").input_tokens

@@ -133,7 +133,10 @@ ODD_BLOCKS = {
         '{"city": "Oslo"}',
     ),
     # an object that is not valid JSON: streamed as generated once it opened, so a call in both
-    "garbled object": ('<tool_call>\n{"name": "get_weather", "arguments": {"city": Oslo}}\n</tool_call>', '{"city": Oslo}'),
+    "garbled object": (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": Oslo}}\n</tool_call>',
+        '{"city": Oslo}',
+    ),
 }
 
 

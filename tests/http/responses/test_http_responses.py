@@ -128,6 +128,53 @@ def test_a_call_cut_by_max_output_tokens_is_never_completed(served: Any) -> None
     assert [(o.type, o.status) for o in events[-1].response.output] == [("function_call", "incomplete")]
 
 
+def _items(output: list[Any]) -> list[tuple[str, str, str]]:
+    """(type, text or name + arguments, status) of each output item, in order."""
+    return [
+        (o.type, o.content[0].text if o.type == "message" else o.name + o.arguments, o.status) for o in output
+    ]
+
+
+def _both(client: openai.OpenAI, **kwargs: Any) -> tuple[Any, Any]:
+    """The non-streamed response and the stream's final one."""
+    r = client.responses.create(model=MODEL, input="weather?", tools=TOOLS, **kwargs)
+    with client.responses.stream(model=MODEL, input="weather?", tools=TOOLS, **kwargs) as stream:
+        events = list(stream)
+    return r, events[-1].response
+
+
+def test_parallel_tool_calls_false_answers_one_call(served: Any) -> None:
+    client, engine, _ = served
+    engine.reply = REPLY.encode()
+    r, final = _both(client, parallel_tool_calls=False)
+    assert _calls(r.output) == [("get_weather", {"city": "Paris"}, "completed")]
+    assert _items(final.output) == _items(r.output) and r.status == final.status == "completed"
+
+
+@pytest.mark.parametrize("case", ["text after a call", "cut inside a second call's tag"])
+def test_items_come_in_the_order_generated(served: Any, case: str) -> None:
+    """Text after a call is an item after it, with the status the stream gave it, in both paths."""
+    client, engine, _ = served
+    first = REPLY[: REPLY.index("</tool_call>") + len("</tool_call>")]
+    if case == "text after a call":
+        engine.reply = (first + "\nDone.").encode()
+        r, final = _both(client)
+        assert [(t, s) for t, _, s in _items(r.output)] == [
+            ("message", "completed"),
+            ("function_call", "completed"),
+            ("message", "completed"),
+        ]
+    else:
+        engine.reply = REPLY.encode()
+        r, final = _both(client, max_output_tokens=len(first) + 6)  # "\n<tool" of the second
+        assert [(t, s) for t, _, s in _items(r.output)] == [
+            ("message", "completed"),
+            ("function_call", "completed"),
+            ("message", "incomplete"),
+        ]
+    assert _items(final.output) == _items(r.output) and final.status == r.status
+
+
 def test_function_call_output_continues_the_conversation(served: Any) -> None:
     client, engine, _ = served
     engine.reply = REPLY.encode()
