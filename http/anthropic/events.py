@@ -121,9 +121,10 @@ class MessagesFormat:
                 self._held = ""
                 self._calls += 1
                 out.append(self._close())
-                block = {"type": "tool_use", "id": new_id("toolu"), "name": value, "input": {}}
+                tool_id = new_id("toolu")
+                block = {"type": "tool_use", "id": tool_id, "name": value, "input": {}}
                 out.append(self._start(block, "tool_use"))
-                self._content.append(("tool_use", [value], block["id"]))
+                self._content.append(("tool_use", [value], tool_id))
             else:
                 self._content[-1][1].append(value)
                 delta = {"type": "input_json_delta", "partial_json": value}
