@@ -114,6 +114,8 @@ class GrammarCompiler:
 
         if spec.kind == "lark":
             return str(llguidance.LLMatcher.grammar_from_lark(spec.source))
+        if spec.kind == "regex":
+            return str(llguidance.LLMatcher.grammar_from_regex(spec.source))
         source = ANY_OBJECT if spec.kind == "json_object" else _closed(spec)
         options = dict(self.json_options, lenient=False)  # a keyword it cannot enforce is an error
         try:

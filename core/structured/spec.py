@@ -11,14 +11,15 @@ from typing import Literal
 
 from rillet.core.errors import RequestError
 
-GrammarKind = Literal["json_schema", "json_object", "lark"]
+GrammarKind = Literal["json_schema", "json_object", "lark", "regex"]
 
 
 @dataclass(frozen=True)
 class GrammarSpec:
     kind: GrammarKind
     # json_schema: the schema as JSON text (key order kept: it is the property order of the output);
-    # lark: an llguidance Lark grammar; json_object: "" (any JSON object).
+    # lark: an llguidance Lark grammar; regex: a regular expression the whole output matches;
+    # json_object: "" (any JSON object).
     source: str = ""
     param: str = field(default="response_format", compare=False)  # request field named in errors
 

@@ -1,8 +1,9 @@
 """OpenAI request bodies -> a validated `GenRequest` (token ids + SamplingParams), or a 400.
 
 All input checking happens here, before anything reaches the engine. Unknown top-level fields
-are ignored (as OpenAI and vLLM do), but fields we know and do not support are rejected naming
-the parameter, so a client never silently gets behaviour it did not ask for.
+are ignored (as OpenAI and vLLM do), but fields we know and do not support (extensions.py: other
+servers' too) are rejected naming the parameter, so a client never silently gets behaviour it did
+not ask for. vLLM's structured outputs are served (guided.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rillet.core.structured.json_style import FLEXIBLE
 from rillet.core.structured.spec import GrammarSpec
 from rillet.http.openai.chat_messages import parse_messages
 from rillet.http.openai.errors import bad_request, model_not_found, unsupported
+from rillet.http.openai.extensions import refuse_extensions
 from rillet.http.openai.fields import (
     Body,
     check_vocab,
@@ -27,6 +29,7 @@ from rillet.http.openai.fields import (
     opt_str,
     type_name,
 )
+from rillet.http.openai.guided import parse_guided
 from rillet.http.openai.response_format import parse_response_format
 from rillet.http.openai.sampling import fit_context, sampling_params
 from rillet.http.openai.tool_prompt import render_chat_ids
@@ -97,11 +100,10 @@ class GenRequest:
 def parse_chat(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
     _check_common(body, limits)
     tools = parse_tools(body)
-    grammar = parse_response_format(body)
+    grammar = _output_format(body)
     if tools is not None and tools.mode != "auto" and grammar is not None:
-        raise unsupported(
-            "response_format", "cannot be combined with tool_choice 'required' or a named function"
-        )
+        field = "response_format" if grammar.param.startswith("response_format") else grammar.param
+        raise unsupported(field, "cannot be combined with tool_choice 'required' or a named function")
     messages = parse_messages(body.get("messages"))
     logprobs = _chat_logprobs(body)
     if tools is not None and logprobs is not None:
@@ -161,7 +163,7 @@ def parse_completion(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
     if echo:
         texts = [t if t is not None else tokenizer.decode(ids) for ids, t in zip(prompts, texts, strict=True)]
     echo_texts = [t or "" for t in texts] if echo else None
-    grammar = parse_response_format(body)
+    grammar = _output_format(body)
     gen = _build("completion", body, prompts, "prompt", "max_tokens", logprobs, echo_texts, limits, grammar)
     if echo and logprobs is not None:  # the echoed prompt's tokens get theirs too (legacy completions)
         if gen.stream:
@@ -174,8 +176,17 @@ def parse_completion(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
 # ---- shared --------------------------------------------------------------------------------------
 
 
+def _output_format(body: Body) -> GrammarSpec | None:
+    """`response_format`, or vLLM's structured outputs (guided.py): one of them."""
+    fmt, guided = parse_response_format(body), parse_guided(body)
+    if fmt is not None and guided is not None:
+        raise bad_request(f"'{guided.param}' cannot be combined with 'response_format'", param=guided.param)
+    return fmt or guided
+
+
 def _check_common(body: Body, limits: Limits) -> None:
     check_model(body, limits)
+    refuse_extensions(body)
     for name in _UNSUPPORTED:
         if body.get(name) not in (None, [], {}):
             raise unsupported(name)

@@ -5,12 +5,13 @@ max_tokens, logprobs and seeds under a grammar, and completions.
 Every schema bounds its output (strings by maxLength, enum, pattern or format; integers by bounds;
 arrays by maxItems; whitespace at most 38 bytes a gap: core/structured/json_style.py), so a valid
 document always fits in MAX_TOKENS whatever the model prefers: the assertions hold on any machine,
-not just for this model's greedy choices.
+not just for this model's greedy choices. Also vLLM's request forms (guided_*, structured_outputs).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -383,4 +384,63 @@ def test_bad_schemas_are_400_naming_the_field(
         client.chat.completions.create(
             model=model, messages=_messages("x"), response_format=fmt, max_tokens=4
         )  # type: ignore[arg-type]
+    assert err.value.body["param"] == param  # type: ignore[index]
+
+
+LARK = 'start: "A" ("b" | "c") ("b" | "c")? "!"'
+GUIDED: list[tuple[str, dict[str, Any], Any]] = [
+    ("guided_choice", {"guided_choice": ["maybe", "perhaps", 'a "quoted" one']}, None),
+    ("guided_regex", {"guided_regex": "[0-9]{3}-[a-z]{2}"}, None),
+    ("guided_json", {"guided_json": SCHEMAS["person"]}, SCHEMAS["person"]),
+    ("guided_json as text", {"guided_json": json.dumps(SCHEMAS["person"])}, SCHEMAS["person"]),
+    ("structured_outputs.choice", {"structured_outputs": {"choice": ["yes", "no"]}}, None),
+    ("structured_outputs.grammar", {"structured_outputs": {"grammar": LARK}}, None),
+    ("structured_outputs.json_object", {"structured_outputs": {"json_object": True}}, {"type": "object"}),
+]
+
+
+@pytest.mark.parametrize(("case", "extra", "schema"), GUIDED, ids=[g[0] for g in GUIDED])
+def test_vllm_structured_outputs_hold_the_answer(
+    client: openai.OpenAI, model: str, case: str, extra: dict[str, Any], schema: Any
+) -> None:
+    """vLLM's request forms (http/openai/guided.py) through the same grammar engine: the answer
+    matches, streamed and not, in chat and completions."""
+
+    def check(text: str) -> None:
+        if case.endswith("choice"):
+            assert text in extra.get("guided_choice", extra.get("structured_outputs", {}).get("choice"))
+        elif case == "guided_regex":
+            assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", text), text
+        elif case.endswith("grammar"):
+            assert re.fullmatch(r"A[bc]{1,2}!", text), text
+        else:
+            jsonschema.validate(json.loads(text), schema)
+
+    chat = {"model": model, "messages": _messages("Is the sky blue?"), "max_tokens": MAX_TOKENS}
+    r = client.chat.completions.create(**chat, temperature=0, extra_body=extra)
+    text = r.choices[0].message.content or ""
+    check(text)
+    stream = client.chat.completions.create(**chat, temperature=0, extra_body=extra, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
+    done = client.completions.create(model=model, prompt="Answer:", max_tokens=MAX_TOKENS, extra_body=extra)
+    check(done.choices[0].text)
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"guided_regex": "("}, "guided_regex"),
+        ({"guided_choice": []}, "guided_choice"),
+        ({"guided_json": "{not json"}, "guided_json"),
+        ({"guided_grammar": "start: undefined_rule"}, "guided_grammar"),
+        ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+        ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex"),
+        ({"structured_outputs": {"structural_tag": "x"}}, "structured_outputs.structural_tag"),
+    ],
+)
+def test_bad_vllm_structured_outputs_are_400_naming_the_field(
+    client: openai.OpenAI, model: str, extra: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model, messages=_messages("x"), max_tokens=4, extra_body=extra)
     assert err.value.body["param"] == param  # type: ignore[index]

@@ -158,3 +158,47 @@ def test_chat_content_parts_name_the_spot_they_refuse() -> None:
         with pytest.raises(ApiError) as err:
             parse_chat(chat(messages=[{"role": "user", "content": content}]), TOK, LIMITS)
         assert (err.value.status, err.value.param) == (400, param), content
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("allowed_token_ids", [1, 2]),
+        ("bad_words", ["x"]),
+        ("use_beam_search", True),
+        ("prompt_logprobs", 2),
+        ("truncate_prompt_tokens", 10),
+        ("continue_final_message", True),
+        ("chat_template_kwargs", {"enable_thinking": False}),
+        ("grammar", "root ::= \"a\""),
+        ("n_predict", 5),
+        ("add_generation_prompt", False),
+        ("stream_options", {"continuous_usage_stats": True}),
+    ],
+)
+def test_other_servers_extensions_are_refused_by_name(field: str, value: Any) -> None:
+    """vLLM's and llama.cpp's fields this server does not serve: never silently run without them."""
+    for parse, body in ((parse_chat, chat()), (parse_completion, {"model": "m", "prompt": "hi"})):
+        extra = {field: value, "stream": True} if field == "stream_options" else {field: value}
+        with pytest.raises(ApiError) as err:
+            parse({**body, **extra}, TOK, LIMITS)
+        assert err.value.status == 400 and err.value.code == "unsupported_parameter"
+        assert (err.value.param or "").startswith(field)
+    # at their off values they pass
+    parse_chat(chat(use_beam_search=False, add_generation_prompt=True, bad_words=[]), TOK, LIMITS)
+
+
+def test_vllm_structured_outputs_become_grammar_specs() -> None:
+    cases = [
+        ({"guided_json": {"type": "object"}}, "json_schema", "guided_json"),
+        ({"guided_regex": "[0-9]+"}, "regex", "guided_regex"),
+        ({"guided_choice": ["a", 'b"c']}, "lark", "guided_choice"),
+        ({"guided_grammar": 'start: "x"'}, "lark", "guided_grammar"),
+        ({"structured_outputs": {"regex": "a+"}}, "regex", "structured_outputs.regex"),
+        ({"structured_outputs": {"json_object": True}}, "json_object", "structured_outputs.json_object"),
+    ]
+    for extra, kind, param in cases:
+        spec = parse_chat(chat(**extra), TOK, LIMITS).params[0].grammar
+        assert spec is not None and (spec.kind, spec.param) == (kind, param)
+    spec = parse_chat(chat(guided_choice=["a", 'b"c']), TOK, LIMITS).params[0].grammar
+    assert spec is not None and spec.source == 'start: "a" | "b\\"c"'
