@@ -15,11 +15,11 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
-from rillet.http.anthropic.errors import error_json
+from rillet.http.anthropic.errors import MESSAGES_ROUTES, error_json
 from rillet.http.handlers import STATE, chat_completions, completions, get_model, health, list_models, metrics
 from rillet.http.handlers import embeddings as embeddings_handler
 from rillet.http.lora.routes import load_lora_adapter, unload_lora_adapter
-from rillet.http.messages_api import MESSAGES_ROUTES, count_message_tokens, create_message
+from rillet.http.messages_api import count_message_tokens, create_message
 from rillet.http.net.connection import ApiRequestHandler, connection_of
 from rillet.http.net.listener import ApiSite
 from rillet.http.net.responses import error_response
@@ -53,7 +53,7 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
     except web.HTTPException as exc:  # routing (404/405) and aiohttp's own checks
         mapped = from_http_status(exc.status, exc.reason, request.method, request.path)
         status = mapped.status
-        return _error(mapped, endpoint)
+        return _error(mapped, request.path if resource is None else endpoint)  # 405: no resource
     except (asyncio.CancelledError, ConnectionResetError):
         status = 499  # client closed the request (nginx's convention), for the metrics only
         raise

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
+from rillet.http.anthropic.errors import MESSAGES_ROUTES, error_json
 from rillet.http.embed import run_embeddings
 from rillet.http.engine_api import EngineLike
 from rillet.http.generate import run_generation
@@ -41,7 +42,8 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     if (request.content_length or 0) > limit:
         raise _too_large(limit)
     try:
-        raw = await read_body(request, srv.body_timeout_s)
+        shape = error_json if request.path in MESSAGES_ROUTES else None
+        raw = await read_body(request, srv.body_timeout_s, shape)
     except web.HTTPRequestEntityTooLarge as exc:
         raise _too_large(limit) from exc
     if not raw:

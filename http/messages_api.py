@@ -17,8 +17,6 @@ from rillet.http.openai.bodies import ChoiceResult
 from rillet.http.openai.chunks import Usage
 from rillet.http.openai.protocol import GenRequest
 
-MESSAGES_ROUTES = ("/v1/messages", "/v1/messages/count_tokens")
-
 
 class MessagesFront:
     """The `FrontEnd` (front_end.py) of one Messages request."""

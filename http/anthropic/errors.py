@@ -12,6 +12,9 @@ from typing import Any
 import orjson
 from rillet.http.openai.errors import ApiError
 
+# The routes that speak Anthropic's API: their errors (the middleware's, a body's 408) take its shape
+MESSAGES_ROUTES = ("/v1/messages", "/v1/messages/count_tokens")
+
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",

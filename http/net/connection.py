@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import socket
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -40,6 +41,7 @@ from rillet.http.net.wire_errors import raw_response, read_timeout, too_many_con
 from rillet.http.openai.errors import ApiError
 
 _HEAD, _BUSY, _IDLE, _CLOSED = range(4)
+Shape = Callable[[ApiError], bytes]  # an error's body in a route's API's shape
 # After a deadline closes a connection whose client does not read, the close waits for the 408 to
 # drain; it is cut after this long.
 _CLOSE_GRACE_S = 1.0
@@ -130,11 +132,12 @@ class ApiRequestHandler(RequestHandler):
             self._phase = _IDLE
             self._arm(self._limits.keepalive_timeout_s, self._idle_expired)
 
-    def body_missed(self) -> ApiError:
-        """The body deadline passed: answer 408 and close; the returned error unwinds the handler."""
+    def body_missed(self, shape: Shape | None = None) -> ApiError:
+        """The body deadline passed: answer 408 (in `shape`, else OpenAI's) and close; the returned
+        error unwinds the handler."""
         err = read_timeout("body", self._limits.body_timeout_s, "server.body_timeout_s")
         self._limits.timed_out("body", self._peer)
-        self._shut(raw_response(err))
+        self._shut(raw_response(err, None if shape is None else shape(err)))
         return err
 
     def body_error(self, exc: HttpProcessingError) -> None:
@@ -236,8 +239,9 @@ def connection_of(request: web.BaseRequest) -> ApiRequestHandler | None:
     return proto if isinstance(proto, ApiRequestHandler) else None
 
 
-async def read_body(request: web.BaseRequest, timeout: float) -> bytes:
-    """The whole body, within `timeout` seconds (`server.body_timeout_s`)."""
+async def read_body(request: web.BaseRequest, timeout: float, shape: Shape | None = None) -> bytes:
+    """The whole body, within `timeout` seconds (`server.body_timeout_s`); `shape`: the route's API's
+    error body, for the 408 written straight to the socket (None: OpenAI's)."""
     try:
         async with asyncio.timeout(timeout):
             return await request.read()
@@ -245,7 +249,7 @@ async def read_body(request: web.BaseRequest, timeout: float) -> bytes:
         conn = connection_of(request)
         if conn is None:
             raise read_timeout("body", timeout, "server.body_timeout_s") from None
-        raise conn.body_missed() from None
+        raise conn.body_missed(shape) from None
     except HttpProcessingError as exc:
         raise wire_error(exc) from exc
     except web.RequestPayloadError as exc:

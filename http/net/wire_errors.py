@@ -82,9 +82,10 @@ def too_many_connections(limit: int) -> ApiError:
     )
 
 
-def raw_response(err: ApiError) -> bytes:
-    """A whole HTTP/1.1 response for `err`, to write on a transport that has no request object."""
-    body = err.to_json()
+def raw_response(err: ApiError, body: bytes | None = None) -> bytes:
+    """A whole HTTP/1.1 response for `err`, to write on a transport that has no request object.
+    `body`: the error as another API shapes it (None: OpenAI's)."""
+    body = err.to_json() if body is None else body
     head = (
         f"HTTP/1.1 {err.status} {HTTPStatus(err.status).phrase}\r\n"
         f"Content-Type: {JSON_CONTENT_TYPE}\r\n"

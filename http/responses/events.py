@@ -125,11 +125,14 @@ class ResponsesFormat:
         return self._emit({"type": kind, "response": response})
 
     def error(self, err: ApiError) -> bytes:
+        """The item being streamed ends `incomplete` (its `output_item.done`), then the error and
+        `response.failed` with the output so far."""
+        closed = self._close("incomplete")
         error = {"type": "error", "code": err.code or err.type, "message": err.message, "param": err.param}
         failed = self._response(
             "failed", self._output, None, {"code": err.code or err.type, "message": err.message}
         )
-        return self._emit(error) + self._emit({"type": "response.failed", "response": failed})
+        return closed + self._emit(error) + self._emit({"type": "response.failed", "response": failed})
 
     @property
     def output(self) -> list[dict[str, Any]]:

@@ -119,17 +119,24 @@ def test_silent_connection_is_closed_without_an_answer(server: tuple[Any, Backgr
     assert _timeouts(srv, "header") == before + 1
 
 
-def test_slow_body_gets_408_and_is_closed(server: tuple[Any, BackgroundServer]) -> None:
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/messages"])
+def test_slow_body_gets_408_and_is_closed(server: tuple[Any, BackgroundServer], path: str) -> None:
+    """In the route's API's shape: Anthropic's on /v1/messages."""
     engine, srv = server
     before = _timeouts(srv, "body")
     body = orjson.dumps({"model": engine.model_name, "prompt": "x" * 200})
-    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" % path.encode()
     with _connect(srv) as s:
         t0 = time.monotonic()
         s.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body[:20])
         got = _trickle_until_closed(s, body[20:], every=0.2)  # slower than the deadline allows
         elapsed = time.monotonic() - t0
-    _assert_408(got, "body_timeout")
+    if path == "/v1/messages":
+        status, _, answer = _response(got)
+        assert status == 408 and answer["type"] == "error", answer
+        assert answer["error"]["type"] == "invalid_request_error" and "body" in answer["error"]["message"]
+    else:
+        _assert_408(got, "body_timeout")
     assert elapsed >= DEADLINE_S * 0.9
     assert _timeouts(srv, "body") == before + 1
 

@@ -15,7 +15,7 @@ from typing import Any
 import anthropic
 import pytest
 from fake_engine import FakeEngine
-from http_helpers import post, serving
+from http_helpers import post, request, serving
 from rel_helpers import send
 from rillet.http.background import BackgroundServer
 
@@ -159,6 +159,9 @@ def test_count_tokens(served: Any) -> None:
 
 def test_errors_are_in_anthropic_shape(served: Any) -> None:
     client, _, srv = served
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):  # no route for GET: a 405, its way
+        resp = request(srv, "GET", path)
+        assert resp.status_code == 405 and is_anthropic_error(resp.json()), resp.text
     with pytest.raises(anthropic.BadRequestError) as exc:
         client.messages.create(model=MODEL, messages=USER, max_tokens=anthropic.omit, timeout=30)  # not sent
     assert exc.value.body["error"]["type"] == "invalid_request_error"

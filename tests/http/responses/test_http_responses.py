@@ -6,6 +6,7 @@ answer (streamed and not, the same items), a call cut by max_output_tokens, the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,6 +15,7 @@ import openai
 import pytest
 from fake_engine import FakeEngine
 from http_helpers import assert_error, post, request, serving
+from rel_helpers import send
 from rillet.http.background import BackgroundServer
 
 MODEL = "fake-model"
@@ -296,3 +298,25 @@ def test_metrics_count_requests_per_endpoint(served: Any) -> None:
     text = request(srv, "GET", "/metrics").text
     assert 'rillet_requests_total{endpoint="/v1/responses",status="200"} 1.0' in text
     assert 'rillet_requests_total{endpoint="/v1/messages",status="200"} 1.0' in text
+
+
+def test_a_failure_mid_stream_ends_the_open_item_and_keeps_the_output(served: Any) -> None:
+    """The fake engine fails a `__fail__` request after 3 tokens: the message item it was streaming
+    ends `incomplete` (its output_item.done), then error and response.failed with that output."""
+    _, _, srv = served
+
+    async def run() -> list[Any]:
+        body = {"model": MODEL, "input": "__fail__", "max_output_tokens": 50, "stream": True}
+        raw = await send(srv.port, "/v1/responses", body)
+        await raw.read_head()
+        data = await raw.body()
+        raw.close()
+        return [json.loads(b.split(b"\ndata: ")[1]) for b in data.split(b"\n\n") if b.strip()]
+
+    events = asyncio.run(run())
+    types = [e["type"] for e in events]
+    assert types[-3:] == ["response.output_item.done", "error", "response.failed"], types
+    item = events[-3]["item"]
+    assert item["type"] == "message" and item["status"] == "incomplete" and item["content"][0]["text"]
+    assert events[-1]["response"]["output"] == [item]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
