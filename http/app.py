@@ -43,6 +43,9 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
         if conn is not None:
             conn.request_started(request)  # the headers are in: their deadline ends
         _check_header_size(request, state.cfg.server.max_header_bytes)
+        if (preflight := state.cors.preflight(request)) is not None:
+            status = preflight.status
+            return preflight
         state.keys.check(endpoint, request.headers.get("Authorization"), request.headers.get("x-api-key"))
         resp = await handler(request)
         status = resp.status
@@ -93,6 +96,8 @@ class _ProtocolLog(logging.LoggerAdapter):  # type: ignore[type-arg]
 def build_app(state: ServerState) -> web.Application:
     app = web.Application(client_max_size=state.cfg.server.max_body_bytes, middlewares=[api_middleware])
     app[STATE] = state
+    if state.cors.enabled:
+        app.on_response_prepare.append(state.cors.on_prepare)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/responses", create_response)

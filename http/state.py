@@ -20,6 +20,7 @@ from rillet.http.engine_api import EngineLike, vocab_size
 from rillet.http.metrics.registry import Metrics, Sample, dispatch_samples, engine_samples
 from rillet.http.net.auth import ApiKeys
 from rillet.http.net.conn_limits import ConnLimits
+from rillet.http.net.cors import Cors
 from rillet.http.openai.errors import unavailable
 from rillet.http.openai.logprobs import TokenTexts
 from rillet.http.openai.protocol import Limits
@@ -40,6 +41,7 @@ class ServerState:
         self.phase: Phase = "starting"
         self.started = int(time.time())
         self.keys = ApiKeys(cfg.server.api_keys, OPEN_ROUTES)
+        self.cors = Cors(cfg.server.cors_allowed_origins)
         self.metrics = Metrics(self._samples)
         self.connections = ConnLimits(cfg.server, self.metrics.registry)
         self.engine: EngineLike | None = None

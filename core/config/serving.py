@@ -74,6 +74,8 @@ class ServerConfig:
     keepalive_timeout_s: float = 75.0  # idle time between requests on one connection
     max_connections: int = 4096
     over_capacity: OverCapacity = "reply_503"  # past max_connections
+    # Origins whose web pages may call the API (http/net/cors.py): "*" or "http(s)://host[:port]"
+    cors_allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check(0 <= self.loop_nice <= 19, "server.loop_nice", "must be in 0..19")
@@ -94,6 +96,21 @@ class ServerConfig:
         )
         check(self.drain_timeout_s >= 0, "server.drain_timeout_s", "must be >= 0")
         check(all(k for k in self.api_keys), "server.api_keys", "keys must be non-empty strings")
+        check(
+            all(_is_origin(o) for o in self.cors_allowed_origins),
+            "server.cors_allowed_origins",
+            'each must be "*" or an origin such as "https://example.com:8080" (scheme, host, port; no path)',
+        )
+
+
+def _is_origin(value: object) -> bool:
+    """"*", or a web origin: scheme, host and port, no path."""
+    if value == "*":
+        return True
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+        return False
+    host = value.split("//", 1)[1].rstrip("/")
+    return bool(host) and "/" not in host
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,9 @@ def test_yaml_file_and_overrides(tmp_path: Path) -> None:
         ({}, ["server.over_capacity=503"], "server.over_capacity"),
         ({}, ["server.over_capacity=drop"], "server.over_capacity"),
         ({}, ["structured.repetition_penalty=0"], "structured.repetition_penalty"),
+        ({}, ["server.cors_allowed_origins=[example.com]"], "server.cors_allowed_origins"),
+        ({}, ["server.cors_allowed_origins=[https://a.example/app]"], "server.cors_allowed_origins"),
+        ({}, ["server.cors_allowed_origins=[3]"], "server.cors_allowed_origins"),
     ],
 )
 def test_errors_name_the_key(data: dict, overrides: list[str], key: str) -> None:
