@@ -24,7 +24,7 @@ from rillet.http.net.connection import ApiRequestHandler, connection_of
 from rillet.http.net.listener import ApiSite
 from rillet.http.net.responses import error_response
 from rillet.http.openai.errors import ApiError, from_http_status, headers_too_large, internal_error
-from rillet.http.responses_api import create_response, delete_response, get_response
+from rillet.http.responses_api import create_response, delete_response, get_response, list_input_items
 from rillet.http.state import ServerState
 from rillet.http.tokenize.routes import detokenize_handler, tokenize_handler
 from rillet.http.ui.routes import add_ui_routes
@@ -102,6 +102,7 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/responses", create_response)
     app.router.add_get("/v1/responses/{response_id}", get_response)
+    app.router.add_get("/v1/responses/{response_id}/input_items", list_input_items)
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
     app.router.add_post("/v1/messages", create_message)
     app.router.add_post("/v1/messages/count_tokens", count_message_tokens)

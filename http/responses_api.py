@@ -21,6 +21,7 @@ from rillet.http.responses.bodies import (
     usage_body,
 )
 from rillet.http.responses.events import ResponsesFormat, answer_output
+from rillet.http.responses.input_list import page
 from rillet.http.responses.protocol import ResponsesRequest, parse_responses, previous_response_id
 from rillet.http.responses.store import ResponseStore
 
@@ -57,7 +58,7 @@ class ResponsesFront:
     def _keep(self, response: dict[str, Any]) -> None:
         if self._store is not None:
             messages = conversation_after(self._req.messages, response["output"])
-            self._store.put(self.request_id, response, messages)
+            self._store.put(self.request_id, response, messages, self._req.inputs)
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
@@ -90,6 +91,14 @@ async def get_response(request: web.Request) -> web.Response:
     if stored is None:
         raise _not_found(rid, "response_id")
     return json_response(stored.response)
+
+
+async def list_input_items(request: web.Request) -> web.Response:
+    rid = request.match_info["response_id"]
+    stored = request.app[STATE].responses.get(rid)
+    if stored is None:
+        raise _not_found(rid, "response_id")
+    return json_response(page(stored.inputs, request.query))
 
 
 async def delete_response(request: web.Request) -> web.Response:

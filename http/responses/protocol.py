@@ -21,6 +21,7 @@ from typing import Any
 from rillet.http.openai.errors import bad_request, unsupported
 from rillet.http.openai.fields import Body, opt_bool, opt_dict, opt_int, opt_str, type_name
 from rillet.http.openai.protocol import GenRequest, Limits, chat_request, check_model
+from rillet.http.responses.input_list import input_items
 from rillet.http.responses.items import input_messages
 from rillet.http.responses.text_format import parse_text_format
 from rillet.http.responses.tools import parse_tools, tools_echo
@@ -47,6 +48,7 @@ class ResponsesRequest:
     messages: list[dict[str, Any]]  # the conversation so far in chat shape, instructions excluded
     store: bool
     echo: dict[str, Any]  # fields of the response object that repeat the request
+    inputs: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # input_list.py's items
 
 
 def previous_response_id(body: Body) -> str | None:
@@ -72,7 +74,8 @@ def parse_responses(
     )
     gen = dataclasses.replace(gen, lora=lora)  # `sampling` holds no `model`
     store = opt_bool(body, "store") is not False
-    return ResponsesRequest(gen, messages, store, _echo(body, instructions))
+    inputs = input_items(body["input"]) if store else []
+    return ResponsesRequest(gen, messages, store, _echo(body, instructions), inputs)
 
 
 def _refuse(body: Body) -> None:

@@ -1,9 +1,10 @@
 """The store of finished responses (`store: true`): bounded in count (`responses.store_size`), each
 entry living `responses.store_ttl_s`; the oldest goes first. Kept on the event loop only (no lock).
 
-An entry holds the response object (GET /v1/responses/{id} answers it) and the conversation up to
-and including that answer, in chat shape (`previous_response_id` continues it; the prefix cache
-then finds the earlier turns' KV blocks, so a continued conversation prefills only its new turn).
+An entry holds the response object (GET /v1/responses/{id} answers it), the request's input items
+(GET /v1/responses/{id}/input_items) and the conversation up to and including that answer, in chat
+shape (`previous_response_id` continues it; the prefix cache then finds the earlier turns' KV
+blocks, so a continued conversation prefills only its new turn).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class Stored:
     messages: list[dict[str, Any]]
     expires: float
     size: int  # the conversation's bytes as JSON: how much a request continuing it parses
+    inputs: list[dict[str, Any]]  # the request's input items (GET .../input_items)
 
 
 class ResponseStore:
@@ -35,12 +37,19 @@ class ResponseStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, rid: str, response: dict[str, Any], messages: list[dict[str, Any]]) -> None:
+    def put(
+        self,
+        rid: str,
+        response: dict[str, Any],
+        messages: list[dict[str, Any]],
+        inputs: list[dict[str, Any]] | None = None,
+    ) -> None:
         if self._size == 0:
             return
         now = self._clock()
         self._expire(now)
-        self._entries[rid] = Stored(response, messages, now + self._ttl, len(orjson.dumps(messages)))
+        size = len(orjson.dumps(messages))
+        self._entries[rid] = Stored(response, messages, now + self._ttl, size, inputs or [])
         while len(self._entries) > self._size:
             self._entries.popitem(last=False)
 

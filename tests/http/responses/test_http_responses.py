@@ -320,3 +320,38 @@ def test_a_failure_mid_stream_ends_the_open_item_and_keeps_the_output(served: An
     assert item["type"] == "message" and item["status"] == "incomplete" and item["content"][0]["text"]
     assert events[-1]["response"]["output"] == [item]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+
+def test_input_items_list_a_stored_responses_input(served: Any) -> None:
+    """GET /v1/responses/{id}/input_items through the SDK: the request's own items, newest first
+    by default, a page at a time."""
+    client, engine, srv = served
+    engine.reply = b"ok"
+    r = client.responses.create(model=MODEL, input="Hello there")
+    (only,) = client.responses.input_items.list(r.id).data
+    assert only.type == "message" and only.role == "user" and only.id.startswith("msg_")
+    assert [(p.type, p.text) for p in only.content] == [("input_text", "Hello there")]
+    turns = [
+        {"role": "system", "content": "Be brief."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "one"}], "id": "a"},
+        {"role": "assistant", "content": "two"},
+        {"role": "user", "content": "three"},
+    ]
+    r = client.responses.create(model=MODEL, input=turns, previous_response_id=r.id)  # type: ignore[arg-type]
+    asc = client.responses.input_items.list(r.id, order="asc").data
+    assert [(i.role, i.content[0].text) for i in asc] == [
+        ("system", "Be brief."),
+        ("user", "one"),
+        ("assistant", "two"),
+        ("user", "three"),
+    ]  # this request's input only; the earlier one's are that response's
+    assert asc[1].id == "a" and asc[2].content[0].type == "output_text"
+    page = client.responses.input_items.list(r.id, limit=2)
+    assert [i.id for i in page.data] == [asc[3].id, asc[2].id] and page.has_more
+    rest = client.responses.input_items.list(r.id, limit=2, after=page.data[-1].id)
+    assert [i.id for i in rest.data] == [asc[1].id, asc[0].id] and not rest.has_more
+    assert_error(request(srv, "GET", f"/v1/responses/{r.id}/input_items?limit=0"), 400)
+    assert_error(request(srv, "GET", f"/v1/responses/{r.id}/input_items?order=up"), 400)
+    assert_error(request(srv, "GET", "/v1/responses/resp_nope/input_items"), 404)
+    unstored = client.responses.create(model=MODEL, input="x", store=False)
+    assert_error(request(srv, "GET", f"/v1/responses/{unstored.id}/input_items"), 404)
