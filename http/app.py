@@ -54,7 +54,8 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
         status = exc.status
         return _error(exc, endpoint)
     except web.HTTPException as exc:  # routing (404/405) and aiohttp's own checks
-        mapped = from_http_status(exc.status, exc.reason, request.method, request.path)
+        allow = exc.headers.get("Allow")
+        mapped = from_http_status(exc.status, exc.reason, request.method, request.path, allow)
         status = mapped.status
         return _error(mapped, request.path if resource is None else endpoint)  # 405: no resource
     except (asyncio.CancelledError, ConnectionResetError):

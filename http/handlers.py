@@ -18,7 +18,7 @@ from rillet.http.metrics.registry import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rillet.http.net.connection import read_body
 from rillet.http.openai.embeddings import parse_embeddings, wrong_task
 from rillet.http.openai.errors import JSON_CONTENT_TYPE, ApiError, bad_request, model_not_found
-from rillet.http.openai.protocol import GenRequest, Limits, parse_chat, parse_completion
+from rillet.http.openai.protocol import GenRequest, Limits, check_model, parse_chat, parse_completion
 from rillet.http.state import ServerState
 
 STATE: web.AppKey[ServerState] = web.AppKey("rillet_state", ServerState)
@@ -101,14 +101,15 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def embeddings(request: web.Request) -> web.Response:
     state = request.app[STATE]
     engine = state.ready_engine()
-    size = engine.embedding_size
-    if size is None:
-        raise wrong_task(engine.model_name, "embeddings", "chat and completions")
     state.begin()
     try:
         body = await read_json(request)
         limits = state.limits
         assert limits is not None
+        check_model(body, limits)  # a model this server does not have is a 404, whatever it serves
+        size = engine.embedding_size
+        if size is None:
+            raise wrong_task(engine.model_name, "embeddings", "chat and completions")
         req = await off_loop(request, parse_embeddings, body, engine.tokenizer, limits, size)
         return await run_embeddings(state, engine, req)
     finally:

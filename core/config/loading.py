@@ -4,6 +4,7 @@ annotation, every unknown key refused, each error naming the dotted key."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -64,8 +65,21 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         str: isinstance(value, str),
     }
     if ok.get(tp, False):
-        return float(value) if tp is float else value
+        return _finite(value, key) if tp is float else value
     raise ConfigError(key, f"expected {_type_name(tp)}, got {value!r}")
+
+
+def _finite(value: int | float, key: str) -> float:
+    """A float key's value: never inf or nan (every check below is a comparison, which both pass or
+    fail in ways that break the server later), nor an int too large for a float."""
+    try:
+        number = float(value)
+    except OverflowError:
+        digits = len(str(value))
+        raise ConfigError(key, f"expected a finite number, got an integer of {digits} digits") from None
+    if not math.isfinite(number):
+        raise ConfigError(key, f"expected a finite number, got {value!r}")
+    return number
 
 
 def _build(cls: type, data: Any, prefix: str) -> Any:
@@ -100,13 +114,17 @@ def _apply_override(data: dict[str, Any], assignment: str) -> None:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
         raise ConfigError(dotted, f"cannot parse value {raw!r}: {exc}") from exc
-    section = data.setdefault(parts[0], {})
+    section = data.get(parts[0])
+    if section is None:  # absent, or a section left empty in the file (`model:`)
+        section = data[parts[0]] = {}
     if not isinstance(section, dict):
         raise ConfigError(parts[0], "expected a mapping")
     section[parts[1]] = value
 
 
 def config_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> RilletConfig:
+    if not isinstance(data, dict):  # a file whose top level is a list or a scalar
+        raise ConfigError("<root>", f"expected a mapping of sections, got {data!r}")
     merged: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
     for assignment in overrides:
         _apply_override(merged, assignment)
@@ -118,14 +136,25 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     data: Any = {}
     if path is not None:
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError("--config", f"cannot read {path}: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError("--config", f"{path} is not UTF-8 text (byte {exc.start})") from exc
         try:
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError("--config", f"{path} is not valid YAML: {exc}") from exc
+            raise ConfigError("--config", f"{path} is not valid YAML: {_yaml_error(exc)}") from exc
     return config_from_dict(data, overrides)
+
+
+def _yaml_error(exc: yaml.YAMLError) -> str:
+    """pyyaml's message on one line: what went wrong and where (it quotes the line with a caret)."""
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None)
+    if problem and mark is not None:
+        return f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
+    return " ".join(str(exc).split())
 
 
 def config_to_dict(cfg: RilletConfig) -> dict[str, Any]:

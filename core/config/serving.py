@@ -84,6 +84,7 @@ class ServerConfig:
         check(self.keepalive_timeout_s > 0, "server.keepalive_timeout_s", "must be > 0")
         check(self.max_connections >= 1, "server.max_connections", "must be >= 1")
         check(0 <= self.port <= 65535, "server.port", "must be in 0..65535")
+        check(bool(self.host.strip()), "server.host", "must be an address (0.0.0.0: every interface)")
         check(self.max_body_bytes >= 1024, "server.max_body_bytes", "must be >= 1024")
         check(self.max_header_bytes >= 1024, "server.max_header_bytes", "must be >= 1024")
         check(self.max_tokens_cap >= 1, "server.max_tokens_cap", "must be >= 1")

@@ -115,13 +115,19 @@ def read_gguf(path: str | Path) -> GGUFFile:
             name = cur.string()
             dims = [cur.scalar(10) for _ in range(cur.scalar(4))]
             entries.append((name, tuple(reversed(dims)), cur.scalar(4), cur.scalar(10)))
-    except (struct.error, IndexError) as exc:
-        raise ValueError(f"{path}: truncated or corrupt GGUF header ({exc})") from exc
-    align = int(metadata.get("general.alignment", 32))
+    except (struct.error, IndexError, OverflowError, MemoryError, UnicodeDecodeError) as exc:
+        # counts or lengths past what the file (or memory) can hold: a corrupt header, not a crash
+        raise ValueError(f"{path}: truncated or corrupt GGUF header ({type(exc).__name__}: {exc})") from exc
+    align = metadata.get("general.alignment", 32)
+    if not isinstance(align, int) or not 1 <= align <= 1 << 20:
+        raise ValueError(f"{path}: corrupt GGUF header (general.alignment {align!r})")
     start = (cur.pos + align - 1) // align * align
     tensors = []
     for name, shape, kind, offset in entries:
-        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+        try:
+            block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+        except (ValueError, KeyError):
+            raise ValueError(f"{path}: tensor {name} has an unknown GGML type {kind}") from None
         nbytes = prod(shape) // block * size
         if start + offset + nbytes > len(data):
             raise ValueError(f"{path}: tensor {name} runs past the end of the file (truncated?)")

@@ -91,12 +91,18 @@ def engine_refusal(exc: Exception) -> ApiError | None:
     return None
 
 
-def from_http_status(status: int, reason: str | None, method: str, path: str) -> ApiError:
-    """The HTTP framework's own 404/405/413 (routing, body size) in our shape."""
+def from_http_status(
+    status: int, reason: str | None, method: str, path: str, allow: str | None = None
+) -> ApiError:
+    """The HTTP framework's own 404/405/413 (routing, body size) in our shape; `allow`: a 405's
+    methods (its Allow header, which HTTP requires)."""
     if status == 404:
         return ApiError(404, f"Invalid URL ({method} {path})", code="unknown_url")
     if status == 405:
-        return ApiError(405, f"Method {method} is not allowed on {path}", code="method_not_allowed")
+        headers = {"Allow": allow} if allow else None
+        return ApiError(
+            405, f"Method {method} is not allowed on {path}", code="method_not_allowed", headers=headers
+        )
     if status == 413:
         return ApiError(413, "Request body is too large", code="request_too_large")
     code = "server_error" if status >= 500 else "invalid_request_error"

@@ -53,6 +53,13 @@ def test_yaml_file_and_overrides(tmp_path: Path) -> None:
         ({}, ["server.cors_allowed_origins=[example.com]"], "server.cors_allowed_origins"),
         ({}, ["server.cors_allowed_origins=[https://a.example/app]"], "server.cors_allowed_origins"),
         ({}, ["server.cors_allowed_origins=[3]"], "server.cors_allowed_origins"),
+        ({}, ["cache.memory_gb=.inf"], "cache.memory_gb"),
+        ({}, ['server.host=""'], "server.host"),
+        ({}, ["stream.max_delay_ms=.nan"], "stream.max_delay_ms"),
+        ({}, ["server.request_timeout_s=.inf"], "server.request_timeout_s"),
+        ({}, [f"cache.memory_gb={10**400}"], "cache.memory_gb"),
+        ([1, 2], [], "<root>"),
+        ("hello", [], "<root>"),
     ],
 )
 def test_errors_name_the_key(data: dict, overrides: list[str], key: str) -> None:
@@ -65,6 +72,24 @@ def test_errors_name_the_key(data: dict, overrides: list[str], key: str) -> None
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "absent.yaml")
+
+
+def test_unreadable_files_are_one_line_config_errors(tmp_path: Path) -> None:
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe model:\n")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_config(binary)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model: {a: [\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(broken)
+    assert "\n" not in str(err.value) and "line 2" in str(err.value)
+
+
+def test_an_empty_section_takes_overrides(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("model:\n")
+    assert load_config(p, ["model.path=/x"]).model.path == "/x"
 
 
 def test_frozen() -> None:

@@ -142,7 +142,9 @@ def test_context_length_exceeded(synth_server: BackgroundServer, model: str) -> 
 def test_unknown_model_route_and_method(synth_server: BackgroundServer, model: str) -> None:
     assert_error(post(synth_server, CHAT, chat("gpt-4")), 404, param="model", code="model_not_found")
     assert_error(request(synth_server, "GET", "/v1/nothing"), 404, code="unknown_url")
-    assert_error(request(synth_server, "GET", CHAT), 405, code="method_not_allowed")
+    wrong = request(synth_server, "GET", CHAT)
+    assert_error(wrong, 405, code="method_not_allowed")
+    assert wrong.headers["allow"] == "POST"  # HTTP requires a 405 to say what is allowed
     assert_serving(synth_server, model)
 
 

@@ -195,6 +195,12 @@ def test_rejects_bad_files(tmp_path: Path) -> None:
     truncated.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     with pytest.raises(ValueError, match=r"truncated|past the end"):
         load_gguf(truncated, use_cache=False)
+    for at in (8, 16):  # the tensor count, then the metadata count: 2^60, past any file
+        corrupt = bytearray(path.read_bytes())
+        corrupt[at : at + 8] = (1 << 60).to_bytes(8, "little")
+        (tmp_path / "corrupt.gguf").write_bytes(bytes(corrupt))
+        with pytest.raises(ValueError, match="corrupt GGUF header"):
+            load_gguf(tmp_path / "corrupt.gguf", use_cache=False)
     with pytest.raises(ValueError, match="dtype"):
         load_gguf(path, dtype=torch.int8)
 

@@ -190,6 +190,8 @@ def test_chat_model_refuses_embeddings() -> None:
         r = post(srv, EMB, {"model": engine.model_name, "input": "hi"})
         assert_error(r, 400, param="model", code="unsupported_task")
         assert "chat and completions" in r.json()["error"]["message"]
+        # a model it does not have is a 404 first, as on every endpoint
+        assert_error(post(srv, EMB, {"model": "nope", "input": "hi"}), 404, param="model")
 
 
 def test_api_keys_and_metrics_cover_the_endpoint() -> None:
