@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -123,10 +124,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _worker(cfg)
     if args.command == "compile":
         return _compile(cfg)
-    from rillet.http.serve import serve  # `rillet config` stays light
+    from rillet.http.serve import StoppedWhileLoading, serve  # `rillet config` stays light
 
     try:
         return asyncio.run(serve(cfg))
+    except StoppedWhileLoading:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     except OSError as exc:  # e.g. the port is taken
         logging.getLogger("rillet.serve").error("cannot serve: %s", exc)
         return 1

@@ -101,6 +101,12 @@ async def drain(state: ServerState, timeout: float) -> None:
             await asyncio.wait_for(state.idle.wait(), 2.0)
 
 
+class StoppedWhileLoading(Exception):
+    """A stop signal came while the model was loading. The loading thread is inside torch and
+    cannot be stopped, and finalizing the interpreter under it aborts the process (SIGABRT): the
+    caller ends the process at once instead (exit code 0, as a stop after the load)."""
+
+
 async def serve(cfg: RilletConfig) -> int:
     try:
         check_model_path(cfg)
@@ -132,7 +138,7 @@ async def serve(cfg: RilletConfig) -> int:
     if not loading.done():
         log.info("stopped while loading")
         await server.stop()
-        return 0
+        raise StoppedWhileLoading()
     exc = loading.exception()
     if exc is not None:
         await server.stop()

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import pytest
 import yaml
+from faulty_rillet import LOAD_HOLD_S
 from http_helpers import Resp, post, sse_events
 from proc_helpers import REPO, RILLET, ServeProcess
 from rillet.core.config import config_to_dict, load_config
@@ -189,6 +190,20 @@ def test_sigterm_drains_in_flight_requests_then_exits_0() -> None:
         assert srv.proc.wait(30) == 0
         log = srv.log
         assert "loading" in log and "stopped" in log
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+
+
+def test_a_stop_while_the_model_loads_exits_0_at_once() -> None:
+    """The loading thread cannot be stopped (inside torch, finalizing the interpreter under it
+    aborted the process: SIGABRT, 134): the process ends at once, 0, after saying why."""
+    srv = ServeProcess("model.max_model_len=512", faults={LOAD_HOLD_S: "120"}, ready=False)
+    try:
+        srv.wait_for_line("503 until the model is loaded", 60)
+        srv.proc.send_signal(signal.SIGINT)
+        assert srv.proc.wait(30) == 0
+        assert "stopped while loading" in srv.log
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
