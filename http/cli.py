@@ -155,7 +155,10 @@ def _compile(cfg: RilletConfig) -> int:
         sys.stdout.write(f"rillet compile: {line}\n")
         sys.stdout.flush()
 
+    from rillet.http.launch.model_path import check_model_path
+
     try:
+        check_model_path(cfg)  # one line naming the key, as `rillet serve` gives
         compile_artifacts(cfg, say)
     except ConfigError as exc:
         sys.stderr.write(f"rillet: error: {exc}\n")

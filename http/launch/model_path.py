@@ -1,6 +1,7 @@
-"""`model.path` checked before anything else starts: a clear one-line error (exit 2), not a traceback
-from deep inside a loader after the port is already bound. That includes a model of a family rillet
-does not run (its HF model_type or GGUF architecture, named with the supported list).
+"""`model.path` (and `speculative.draft_model`) checked before anything else starts: a clear
+one-line error (exit 2), not a traceback from deep inside a loader after the port is already
+bound. That includes a model of a family rillet does not run (its HF model_type or GGUF
+architecture, named with the supported list).
 
 Only the server's own config names a path; no request field is ever used as one (a request's
 `model` is compared with the served name and nothing else).
@@ -21,42 +22,48 @@ GGUF_MAGIC = b"GGUF"
 
 
 def check_model_path(cfg: RilletConfig) -> None:
-    """Raises ConfigError('model.path', why) when the configured model cannot be what it claims."""
+    """Raises ConfigError('model.path', why) when the configured model cannot be what it claims;
+    the same for `speculative.draft_model` when drafts come from it."""
     m = cfg.model
-    if m.kind == "shape" or m.path is None:  # random weights / the packaged default model
-        return
-    path = Path(m.path).expanduser()
+    if m.kind != "shape" and m.path is not None:  # else random weights / the packaged default model
+        _check(Path(m.path).expanduser(), m.kind, "model.path")
+    spec = cfg.speculative
+    if spec.method == "draft" and spec.draft_model:
+        _check(Path(spec.draft_model).expanduser(), "auto", "speculative.draft_model")
+
+
+def _check(path: Path, kind: str, key: str) -> None:
     if not path.exists():
-        raise ConfigError("model.path", f"{path} does not exist (a .gguf file or a Hugging Face folder)")
+        raise ConfigError(key, f"{path} does not exist (a .gguf file or a Hugging Face folder)")
     if not os.access(path, os.R_OK):
-        raise ConfigError("model.path", f"{path} is not readable by this user")
+        raise ConfigError(key, f"{path} is not readable by this user")
     if path.is_dir():
-        if m.kind in ("auto", "hf") and not (path / "config.json").is_file():
-            raise ConfigError("model.path", f"{path} is not a Hugging Face folder (no config.json)")
-        if m.kind == "gguf":
-            raise ConfigError("model.path", f"{path} is a folder, not a .gguf file")
-        _check_hf_family(path / "config.json")
+        if kind in ("auto", "hf") and not (path / "config.json").is_file():
+            raise ConfigError(key, f"{path} is not a Hugging Face folder (no config.json)")
+        if kind == "gguf":
+            raise ConfigError(key, f"{path} is a folder, not a .gguf file")
+        _check_hf_family(path / "config.json", key)
         return
-    if m.kind == "hf":
-        raise ConfigError("model.path", f"{path} is a file, not a Hugging Face folder")
+    if kind == "hf":
+        raise ConfigError(key, f"{path} is a file, not a Hugging Face folder")
     with path.open("rb") as f:
         magic = f.read(len(GGUF_MAGIC))
     if magic != GGUF_MAGIC:
-        raise ConfigError("model.path", f"{path} is not a GGUF file (it does not start with 'GGUF')")
+        raise ConfigError(key, f"{path} is not a GGUF file (it does not start with 'GGUF')")
     try:
         arch = read_gguf(path).architecture
     except ValueError as exc:
-        raise ConfigError("model.path", str(exc)) from exc
+        raise ConfigError(key, str(exc)) from exc
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedArchitecture("GGUF architecture", arch, SUPPORTED_ARCHITECTURES)
 
 
-def _check_hf_family(config: Path) -> None:
+def _check_hf_family(config: Path, key: str) -> None:
     """The folder's model_type is one rillet runs (the families of core/model/families.py)."""
     try:
         model_type = json.loads(config.read_text()).get("model_type", "llama")
     except (OSError, ValueError, AttributeError) as exc:
-        raise ConfigError("model.path", f"{config} is not a readable JSON object ({exc})") from exc
+        raise ConfigError(key, f"{config} is not a readable JSON object ({exc})") from exc
     if model_type in ENCODER_MODEL_TYPES and (config.parent / "modules.json").is_file():
         return  # a sentence-transformers encoder: served for /v1/embeddings (model.task auto -> embed)
     if model_type not in HF_MODEL_TYPES:
