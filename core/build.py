@@ -11,6 +11,7 @@ Model kinds: `gguf` (a .gguf file; the default model), `hf` (a local Hugging Fac
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,16 +213,29 @@ def maybe_quantize(quantization: Quantization, model: DecoderModel) -> None:
 def kv_capacity(cfg: RilletConfig, arch: ModelArch, dtype: torch.dtype, device: torch.device) -> int:
     """KV blocks the pool gets: cache.num_blocks, else what the memory budget holds in the pool's
     storage dtype (cache.dtype; an int8 pool counts its scales). `dtype`: the model's."""
-    if cfg.cache.num_blocks is not None:
-        return cfg.cache.num_blocks
     kv_dtype = resolve_kv_dtype(cfg.cache.dtype, dtype, device)
     per_block = cfg.cache.block_size * bytes_per_token(arch, kv_dtype)
-    if device.type == "cuda":
+    if cfg.cache.num_blocks is not None:
+        blocks, key = cfg.cache.num_blocks, "cache.num_blocks"
+    elif device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        budget = free * cfg.cache.memory_fraction
+        blocks, key = int(free * cfg.cache.memory_fraction // per_block), "cache.memory_fraction"
     else:
-        budget = cfg.cache.memory_gb * 2**30
-    return max(2, int(budget // per_block))
+        blocks, key = int(cfg.cache.memory_gb * 2**30 // per_block), "cache.memory_gb"
+    if device.type == "cpu" and blocks * per_block > _physical_memory():
+        # allocated at once and touched as it fills: past the machine's memory the OOM killer
+        # ends the process later, mid-serving, instead of this line now
+        raise ConfigError(
+            key,
+            f"a KV pool of {blocks * per_block / 2**30:.1f} GiB does not fit this machine's "
+            f"{_physical_memory() / 2**30:.1f} GiB of memory",
+        )
+    return max(2, blocks)
+
+
+def _physical_memory() -> int:
+    """Bytes of RAM on this machine."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def model_runner(

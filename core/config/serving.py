@@ -49,7 +49,11 @@ class StreamConfig:
         check(self.max_tokens_per_event >= 1, "stream.max_tokens_per_event", "must be >= 1")
         check(self.max_delay_ms >= 0, "stream.max_delay_ms", "must be >= 0")
         cap = self.ring_capacity
-        check(cap >= 2 and cap & (cap - 1) == 0, "stream.ring_capacity", "must be a power of two >= 2")
+        check(
+            2 <= cap <= 1 << 20 and cap & (cap - 1) == 0,
+            "stream.ring_capacity",
+            "must be a power of two in [2, 1048576]",
+        )
         check(self.max_buffered_tokens >= 1, "stream.max_buffered_tokens", "must be >= 1")
 
 

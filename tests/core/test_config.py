@@ -38,6 +38,7 @@ def test_yaml_file_and_overrides(tmp_path: Path) -> None:
         ({"attention": {"prefill_backend": "fa2"}}, [], "attention.prefill_backend"),
         ({}, ["stream.ring_capacity=1000"], "stream.ring_capacity"),
         ({}, ["stream.write_order=last"], "stream.write_order"),
+        ({}, [f"stream.ring_capacity={1 << 40}"], "stream.ring_capacity"),
         ({}, ["server.port=true"], "server.port"),
         ({}, ["justakey"], "justakey"),
         ({"cache": 3}, [], "cache"),

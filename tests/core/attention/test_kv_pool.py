@@ -65,6 +65,17 @@ def test_the_same_budget_holds_blocks_in_proportion_to_storage_bytes() -> None:
     assert kv_capacity(pinned, ARCH, torch.float32, CPU) == 100  # an explicit size wins
 
 
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [({"num_blocks": 10**12}, "cache.num_blocks"), ({"memory_gb": 10**6}, "cache.memory_gb")],
+)
+def test_a_pool_larger_than_the_machine_is_a_config_error(section: dict[str, int], key: str) -> None:
+    """Before any allocation: past the machine's memory the OOM killer would end the server later."""
+    with pytest.raises(ConfigError) as err:
+        kv_capacity(config_from_dict({"cache": section}), ARCH, torch.float32, CPU)
+    assert err.value.key == key and "GiB" in str(err.value)
+
+
 def test_start_up_summary_says_tokens_and_storage() -> None:
     line = describe_pool(ARCH, 99, 16, torch.int8)
     assert "99 blocks x 16 tokens = 1584 tokens" in line and "int8" in line
