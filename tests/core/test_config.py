@@ -106,3 +106,15 @@ def test_flashinfer_prefill_backend_is_checked_on_construction() -> None:
     with pytest.raises(ConfigError) as err:
         AttentionConfig(flashinfer_prefill_backend="fa4")  # type: ignore[arg-type]
     assert err.value.key == "attention.flashinfer_prefill_backend" and "fa2, fa3, auto" in str(err.value)
+
+
+def test_more_torch_threads_than_cores_is_refused_at_load() -> None:
+    """Machine-dependent, so checked where the runtime is built, before any thread is set."""
+    import os
+
+    from rillet.core.runtime import load_runtime
+
+    cfg = config_from_dict({"model": {"kind": "synthetic", "num_threads": (os.cpu_count() or 1) + 1}})
+    with pytest.raises(ConfigError) as err:
+        load_runtime(cfg)
+    assert err.value.key == "model.num_threads"
