@@ -54,4 +54,5 @@ async def unload_lora_adapter(request: web.Request) -> web.Response:
         engine.unload_lora(name)
     except AdapterError as exc:
         raise _api_error(exc) from exc
+    state.metrics.forget_adapter(name)
     return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")

@@ -8,6 +8,7 @@ scraped.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -54,7 +55,8 @@ class Metrics:
             "rillet_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r
         )
         self.prompt_tokens = Counter("rillet_prompt_tokens", "Prompt tokens of accepted requests", registry=r)
-        # LoRA: per adapter (labels are adapter names: bounded by what an operator loads)
+        # LoRA: per adapter (labels are adapter names: bounded by what is loaded, since an unload
+        # drops its series: forget_adapter)
         self.lora_requests = Counter(
             "rillet_lora_requests", "Accepted generation requests by LoRA adapter", ["adapter"], registry=r
         )
@@ -84,6 +86,17 @@ class Metrics:
 
     def adapter_tokens(self, adapter: str, generated: int) -> None:
         self.lora_tokens.labels(adapter, "generation").inc(generated)
+
+    def forget_adapter(self, adapter: str) -> None:
+        """An unloaded adapter's series leave /metrics (many adapters loaded and unloaded in turn
+        would otherwise grow it without bound)."""
+        for counter, labels in (
+            (self.lora_requests, (adapter,)),
+            (self.lora_tokens, (adapter, "prompt")),
+            (self.lora_tokens, (adapter, "generation")),
+        ):
+            with contextlib.suppress(KeyError):
+                counter.remove(*labels)
 
     def token_times(self, stream: TokenClock, now: float, num_tokens: int, step: int) -> None:
         """Called by the dispatcher once per delta with tokens; `now` is shared by the whole routing

@@ -124,7 +124,10 @@ def test_load_use_unload_reload(
         code="lora_adapter_exists",
     )
     first = _complete(client, "a2").choices[0].text
+    assert 'adapter="a2"' in request(server, "GET", "/metrics", headers=AUTH).text
     assert post(server, "/v1/unload_lora_adapter", {"lora_name": "a2"}, AUTH).status_code == 200
+    # an unloaded adapter's series leave /metrics (once its request has finished)
+    wait_for(lambda: 'adapter="a2"' not in request(server, "GET", "/metrics", headers=AUTH).text)
     assert_error(
         post(server, "/v1/completions", {"model": "a2", "prompt": "x", "max_tokens": 2}, AUTH),
         404,
