@@ -1,9 +1,9 @@
 """OpenAI request bodies -> a validated `GenRequest` (token ids + SamplingParams), or a 400.
 
 All input checking happens here, before anything reaches the engine. Unknown top-level fields
-are ignored (as OpenAI and vLLM do), but fields we know and do not support (extensions.py: other
-servers' too) are rejected naming the parameter, so a client never silently gets behaviour it did
-not ask for. vLLM's structured outputs are served (guided.py).
+are ignored (as OpenAI and vLLM do), but fields we know and do not support (other servers' too:
+compat/refused.py) are rejected naming the parameter, so a client never silently gets behaviour it
+did not ask for. vLLM's structured outputs are served (compat/guided.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from rillet.core.sampling_params import MAX_LOGPROBS, SamplingParams
 from rillet.core.structured.json_style import FLEXIBLE
 from rillet.core.structured.spec import GrammarSpec
 from rillet.http.openai.chat_messages import parse_messages
+from rillet.http.openai.compat.guided import parse_guided
+from rillet.http.openai.compat.refused import refuse_extensions
 from rillet.http.openai.errors import bad_request, model_not_found, unsupported
-from rillet.http.openai.extensions import refuse_extensions
 from rillet.http.openai.fields import (
     Body,
     check_vocab,
@@ -29,7 +30,6 @@ from rillet.http.openai.fields import (
     opt_str,
     type_name,
 )
-from rillet.http.openai.guided import parse_guided
 from rillet.http.openai.response_format import parse_response_format
 from rillet.http.openai.sampling import fit_context, sampling_params
 from rillet.http.openai.tool_prompt import render_chat_ids

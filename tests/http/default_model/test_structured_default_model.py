@@ -395,7 +395,7 @@ GUIDED: list[tuple[str, dict[str, Any], Any]] = [
     ("guided_json as text", {"guided_json": json.dumps(SCHEMAS["person"])}, SCHEMAS["person"]),
     ("structured_outputs.choice", {"structured_outputs": {"choice": ["yes", "no"]}}, None),
     ("structured_outputs.grammar", {"structured_outputs": {"grammar": LARK}}, None),
-    ("structured_outputs.json_object", {"structured_outputs": {"json_object": True}}, {"type": "object"}),
+    ("structured_outputs.json", {"structured_outputs": {"json": SCHEMAS["person"]}}, SCHEMAS["person"]),
 ]
 
 
@@ -403,7 +403,7 @@ GUIDED: list[tuple[str, dict[str, Any], Any]] = [
 def test_vllm_structured_outputs_hold_the_answer(
     client: openai.OpenAI, model: str, case: str, extra: dict[str, Any], schema: Any
 ) -> None:
-    """vLLM's request forms (http/openai/guided.py) through the same grammar engine: the answer
+    """vLLM's request forms (http/openai/compat/guided.py) through the same grammar engine: the answer
     matches, streamed and not, in chat and completions."""
 
     def check(text: str) -> None:
