@@ -106,11 +106,13 @@ class ToolCallParser:
                 return out
 
     def finish(self) -> list[Event]:
-        """The end of the text: whatever is held goes out (an unfinished call's head as content)."""
+        """The end of the text: whatever is held goes out, but a call cut before its arguments (an
+        object opened after the tag) is no more a call than one cut inside them, nor content: the
+        tag and its half head are the call format's, never the answer's text."""
         out: list[Event] = []
         if self.state == "text" and self.buf:
             out.append(("content", self.buf))
-        elif self.state == "head":
+        elif self.state == "head" and not self.buf.lstrip().startswith("{"):
             out += self._whole_block(self.buf, closed=False)
         self.cut = self.state == "args"
         self.buf, self.state = "", "text"

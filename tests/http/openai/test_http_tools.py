@@ -168,6 +168,27 @@ def test_odd_tool_blocks_answer_the_same_streamed_and_not(
     assert finish == r.choices[0].finish_reason
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_before_its_arguments_leaves_no_markup(
+    scripted: tuple[openai.OpenAI, FakeEngine], stream: bool
+) -> None:
+    """Cut inside the second call's head: the first call, no half `<tool_call>{"name"...` as text."""
+    client, engine = scripted
+    engine.reply = REPLY.encode()
+    cut = REPLY.index('"arguments": {"city": "Rome"')  # one byte a token
+    if stream:
+        content, deltas = "", []
+        for chunk in _ask(client, temperature=0, max_tokens=cut, stream=True):
+            for c in chunk.choices:
+                content += c.delta.content or ""
+                deltas += c.delta.tool_calls or []
+        assert content.strip() == "Let me check."
+        assert [d.function.name for d in deltas if d.id] == ["get_weather"]
+    else:
+        msg = _ask(client, temperature=0, max_tokens=cut).choices[0].message
+        assert msg.content == "Let me check." and len(msg.tool_calls or []) == 1
+
+
 def test_parallel_tool_calls_false_gives_one_call(scripted: tuple[openai.OpenAI, FakeEngine]) -> None:
     client, engine = scripted
     engine.reply = REPLY.encode()
