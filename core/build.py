@@ -62,6 +62,17 @@ class Precision:
     reason: str  # why (for the log)
 
 
+def set_threads(num_threads: int | None) -> None:
+    """`model.num_threads` -> torch's intra-op threads; more than the cores is refused (they would only
+    wait on each other), here where the machine is known rather than when the config is read."""
+    if num_threads is None:
+        return
+    cores = os.cpu_count() or 1
+    if num_threads > cores:
+        raise ConfigError("model.num_threads", f"{num_threads} is more than this machine's {cores} cores")
+    torch.set_num_threads(num_threads)
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

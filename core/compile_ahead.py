@@ -34,14 +34,12 @@ def compile_artifacts(cfg: RilletConfig, say: Say, steps: Sequence[str] | None =
     """Builds the saved steps `rillet serve` with `cfg` would load (those named in `steps`, when
     given); returns those built (each already saved is kept and not built again). `say`: a
     progress line (a step started, built)."""
-    import torch
     from rillet.core.attention.kv_cache import allocate_kv_cache, resolve_kv_dtype
-    from rillet.core.build import load_model, max_blocks_per_seq, resolve_device
+    from rillet.core.build import load_model, max_blocks_per_seq, resolve_device, set_threads
     from rillet.core.graph_setup import graph_runner
 
     device = resolve_device(cfg.model.device)
-    if cfg.model.num_threads is not None:
-        torch.set_num_threads(cfg.model.num_threads)
+    set_threads(cfg.model.num_threads)
     why_not = _nothing_to_save(cfg, device)
     if why_not is not None:
         say(f"nothing to compile ahead: {why_not}")

@@ -7,7 +7,6 @@ ranks), and under tensor parallelism the other ranks are started and joined here
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -28,8 +27,9 @@ from rillet.core.build import (
     resolve_precision,
     resolve_source,
     served_name,
+    set_threads,
 )
-from rillet.core.config import CacheConfig, ConfigError, RilletConfig
+from rillet.core.config import CacheConfig, RilletConfig
 from rillet.core.determinism import startup as deterministic
 from rillet.core.embed_build import EmbedSetup, load_encoder, resolve_tasks
 from rillet.core.embedding import Pooling, Task
@@ -83,12 +83,7 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
     report: Progress = progress or (lambda stage, frac: None)
     device = resolve_device(cfg.model.device)
     deterministic.begin(cfg, device)  # before anything runs MKL: it may still be made strict
-    if cfg.model.num_threads is not None:
-        cores = os.cpu_count() or 1
-        if cfg.model.num_threads > cores:  # more threads than cores only makes them wait on each other
-            why = f"{cfg.model.num_threads} is more than this machine's {cores} cores"
-            raise ConfigError("model.num_threads", why)
-        torch.set_num_threads(cfg.model.num_threads)
+    set_threads(cfg.model.num_threads)
     src = resolve_source(cfg)
     precision = resolve_precision(cfg, src, device)
     if cfg.model.quantization == "auto":

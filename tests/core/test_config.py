@@ -118,3 +118,16 @@ def test_more_torch_threads_than_cores_is_refused_at_load() -> None:
     with pytest.raises(ConfigError) as err:
         load_runtime(cfg)
     assert err.value.key == "model.num_threads"
+
+
+def test_rillet_compile_refuses_more_torch_threads_than_cores_too() -> None:
+    """`rillet compile` builds steps for the config `rillet serve` would load: the same check, before any
+    model is read."""
+    import os
+
+    from rillet.core.compile_ahead import compile_artifacts
+
+    cfg = config_from_dict({"model": {"kind": "synthetic", "num_threads": (os.cpu_count() or 1) + 1}})
+    with pytest.raises(ConfigError) as err:
+        compile_artifacts(cfg, lambda line: None)
+    assert err.value.key == "model.num_threads"
