@@ -51,6 +51,8 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check(self.max_model_len is None or self.max_model_len > 0, "model.max_model_len", "must be > 0")
+        blank = self.served_name is not None and not self.served_name.strip()
+        check(not blank, "model.served_name", "must be a non-empty name or null (derived from the file)")
         check(self.synthetic_step_ms >= 0, "model.synthetic_step_ms", "must be >= 0")
         check(self.synthetic_host_ms >= 0, "model.synthetic_host_ms", "must be >= 0")
         check(

@@ -131,3 +131,11 @@ def test_rillet_compile_refuses_more_torch_threads_than_cores_too() -> None:
     with pytest.raises(ConfigError) as err:
         compile_artifacts(cfg, lambda line: None)
     assert err.value.key == "model.num_threads"
+
+
+def test_a_blank_served_name_is_refused_not_taken_for_null() -> None:
+    for name in ("", "  "):
+        with pytest.raises(ConfigError) as err:
+            config_from_dict({"model": {"served_name": name}})
+        assert err.value.key == "model.served_name"
+    assert config_from_dict({"model": {"served_name": "smol"}}).model.served_name == "smol"
