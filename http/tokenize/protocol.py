@@ -49,8 +49,12 @@ def detokenize(body: Body, tokenizer: Any, limits: Limits) -> dict[str, Any]:
     ids = body.get("tokens")
     if ids is None:
         raise bad_request("you must provide 'tokens'", param="tokens", code="missing_required_parameter")
-    if not isinstance(ids, list) or not all(is_int(t) for t in ids):
+    if not isinstance(ids, list):
         raise bad_request(f"'tokens' must be an array of token ids, got {type_name(ids)}", param="tokens")
+    for i, t in enumerate(ids):
+        if not is_int(t):
+            why = f"'tokens[{i}]' must be a token id (an integer), got {type_name(t)}"
+            raise bad_request(why, param="tokens")
     check_vocab(ids, limits.vocab_size, "tokens", "tokens")
     text = tokenizer.decode(ids, skip_special_tokens=False)  # as vLLM and llama.cpp: specials stay
     return {"prompt": text, "content": text}

@@ -73,3 +73,6 @@ def test_bad_bodies_are_a_400_naming_the_field(served: tuple[BackgroundServer, A
     assert_error(post(srv, "/detokenize", {"tokens": [1, tok.vocab_size]}), 400, "tokens")
     assert_error(post(srv, "/detokenize", {"tokens": [-1]}), 400, "tokens")
     assert_error(post(srv, "/detokenize", {"tokens": [1.5]}), 400, "tokens")
+    bad = post(srv, "/detokenize", {"tokens": [1, True]})  # a bool is no token id: the element is named
+    assert_error(bad, 400, "tokens")
+    assert "tokens[1]" in bad.json()["error"]["message"]
