@@ -27,6 +27,7 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 _KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 # PEFT options that change what the weights mean: refused unless at their no-op value
+_F32_MAX = torch.finfo(torch.float32).max  # the slots' scales are float32
 _NO_OP = {"use_dora": False, "fan_in_fan_out": False, "rank_pattern": {}, "alpha_pattern": {}}
 
 Module = tuple[int, str]  # (layer, module name)
@@ -110,6 +111,8 @@ def _lora_options(
     if cfg.get("modules_to_save"):
         raise _bad(name, f"{file}: modules_to_save {cfg['modules_to_save']!r} is not supported")
     scale = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
+    if not math.isfinite(scale) or abs(scale) > _F32_MAX:  # NaN / Infinity parse as JSON numbers here
+        raise _bad(name, f"{file}: lora_alpha = {alpha!r} gives the scale {scale!r}, not a finite float32")
     targets = cfg.get("target_modules")
     if isinstance(targets, str):  # a regex over module paths: the tensors say what it matched
         return r, float(scale), None
@@ -164,9 +167,12 @@ def _pair_and_check(
         want = (rank, d_in) if half == "A" else (d_out, rank)
         if tuple(t.shape) != want:
             raise _bad(name, f"{file}: tensor {key} has shape {tuple(t.shape)}, expected {want}")
-        if not t.is_floating_point() or not bool(torch.isfinite(t).all()):
-            raise _bad(name, f"{file}: tensor {key} is not finite floating point")
-        halves.setdefault(where, {})[half] = t.float().contiguous()
+        if not t.is_floating_point():
+            raise _bad(name, f"{file}: tensor {key} is not floating point")
+        t = t.float().contiguous()  # checked after the cast: a float64 1e300 is inf in float32
+        if not bool(torch.isfinite(t).all()):
+            raise _bad(name, f"{file}: tensor {key} is not finite in float32")
+        halves.setdefault(where, {})[half] = t
     out: dict[Module, tuple[torch.Tensor, torch.Tensor]] = {}
     for (layer, module), pair in sorted(halves.items()):
         if set(pair) != {"A", "B"}:

@@ -142,3 +142,27 @@ def test_unsupported_combinations(lora_setup: dict[str, Any], section: dict[str,
     with pytest.raises(ConfigError) as err:
         LLM(lora_cfg(lora_setup, **section))
     assert err.value.key == "lora.adapters" and key in str(err.value)
+
+
+@pytest.mark.parametrize("alpha", ["NaN", "Infinity", "1e308"])  # Python's json reads NaN and Infinity
+def test_alpha_that_is_no_finite_float32_scale(
+    lora_setup: dict[str, Any], arch: Any, tmp_path: Path, alpha: str
+) -> None:
+    """Served, NaN / inf scales made every answer of the adapter garbage, and 1e308 failed the step
+    of every row batched with it (the float32 slot scale overflowed)."""
+    folder = _copy(lora_setup, tmp_path)
+    path = folder / "adapter_config.json"
+    text = json.dumps({**json.loads(path.read_text()), "lora_alpha": "ALPHA"})
+    path.write_text(text.replace('"ALPHA"', alpha))
+    assert "not a finite float32" in _read(folder, arch).message
+
+
+def test_float64_tensor_that_overflows_float32(lora_setup: dict[str, Any], arch: Any, tmp_path: Path) -> None:
+    folder = _copy(lora_setup, tmp_path)
+    tensors = {k: v.double() for k, v in load_file(str(folder / WEIGHTS_FILE)).items()}
+    key = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    tensors[key] = tensors[key] * 1e300  # finite in float64, inf once read as float32
+    save_file(tensors, str(folder / WEIGHTS_FILE))
+    err = _read(folder, arch)
+    assert key in err.message and "not finite in float32" in err.message
+
