@@ -8,6 +8,7 @@ layer (qkv, o, gate_up, down) the buffers are
 and one step computes, for its T tokens with slot index `slots` [T]:
   mix   [T, L * R]  scale of the token's slot on that slot's R columns, 0 elsewhere
   delta = ((x A^T) * mix) B^T  -> y += delta beside the base projection (shrink, then expand)
+          (the columns where mix is 0 are selected out, so no slot's inf or NaN reaches another row)
 which is BGMV's y += scale (x A[idx]) B[idx] as two dense matmuls over every slot's columns:
 gathering A[idx] per token would copy T * R * in floats (a 2k-token prefill of a 7B model: GBs),
 while the masked form costs 2 * L * R * (in + out) multiply-adds a token in BLAS, with shapes that
@@ -62,7 +63,10 @@ class ProjectionLora:
     def delta(self, x: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:  # x [T, in] -> [T, out]
         dtype = self.a.dtype
         s = F.linear(x.to(dtype), self.a).view(-1, len(self.b), self.cols)  # [T, P, L*R]
-        s = (s.float() * mix[:, None, :]).to(dtype)  # the slot scales, in float32
+        m = mix[:, None, :]
+        # the slot scales, in float32; other slots' columns are selected out, not multiplied by 0: an
+        # adapter whose x A overflows to inf must not turn every other row of the batch into NaN
+        s = torch.where(m != 0, s.float() * m, 0.0).to(dtype)
         outs = []
         for module, width, held in self.parts:
             if held:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from rillet.core.config import ConfigError
 from rillet.core.errors import AdapterError, AdapterErrorKind
 from rillet.core.llm import LLM
@@ -166,3 +167,23 @@ def test_float64_tensor_that_overflows_float32(lora_setup: dict[str, Any], arch:
     err = _read(folder, arch)
     assert key in err.message and "not finite in float32" in err.message
 
+
+def test_an_overflowing_slot_leaves_other_rows_alone(arch: Any) -> None:
+    """Each step multiplies every row by every slot's A: a resident adapter whose x A overflows must
+    not reach the rows of the base model or of other adapters (inf * 0 would be NaN there)."""
+    from rillet.core.lora.adapter import LoraAdapter
+    from rillet.core.lora.stack import LoraStack
+
+    gen = torch.Generator().manual_seed(0)
+    q = arch.num_heads * arch.head_dim
+    a, b = torch.randn(4, arch.hidden_size, generator=gen), torch.randn(q, 4, generator=gen)
+    stack = LoraStack(arch, 2, 4, frozenset({"q_proj"}), torch.device("cpu"))
+    stack.write(1, LoraAdapter("ok", "-", 1, 4, 2.0, {(0, "q_proj"): (a, b)}))
+    x, slots = torch.rand(3, arch.hidden_size, generator=gen) + 1, torch.tensor([0, 1, 2])
+    proj = stack.layers[0].qkv
+    assert proj is not None
+    want = proj.delta(x, stack.mix(slots))
+    stack.write(2, LoraAdapter("huge", "-", 2, 4, 1.0, {(0, "q_proj"): (torch.full_like(a, 1e38), b)}))
+    got = proj.delta(x, stack.mix(slots))
+    assert torch.equal(got[:2], want[:2])  # the base row and slot 1's row
+    assert not bool(torch.isfinite(got[2]).all())  # the huge adapter's own row is its own problem
