@@ -66,6 +66,7 @@ class Metrics:
             ["adapter", "kind"],
             registry=r,
         )
+        self._lora_live: set[str] = set()  # adapters with series (until forget_adapter)
         self.ttft = LoopHistogram(
             "rillet_time_to_first_token_seconds", "Arrival to first token", _TTFT_BUCKETS
         )
@@ -81,15 +82,20 @@ class Metrics:
 
     def count_adapter(self, adapter: str, prompt_tokens: int) -> None:
         """An accepted request for a LoRA adapter (its generated tokens: `adapter_tokens`)."""
+        self._lora_live.add(adapter)
         self.lora_requests.labels(adapter).inc()
         self.lora_tokens.labels(adapter, "prompt").inc(prompt_tokens)
 
     def adapter_tokens(self, adapter: str, generated: int) -> None:
-        self.lora_tokens.labels(adapter, "generation").inc(generated)
+        """A request's generated tokens, at its end: none once its adapter was unloaded meanwhile
+        (they would bring the forgotten adapter's series back for good)."""
+        if adapter in self._lora_live:
+            self.lora_tokens.labels(adapter, "generation").inc(generated)
 
     def forget_adapter(self, adapter: str) -> None:
         """An unloaded adapter's series leave /metrics (many adapters loaded and unloaded in turn
         would otherwise grow it without bound)."""
+        self._lora_live.discard(adapter)
         for counter, labels in (
             (self.lora_requests, (adapter,)),
             (self.lora_tokens, (adapter, "prompt")),

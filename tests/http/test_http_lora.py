@@ -213,6 +213,7 @@ def test_unloading_lets_requests_in_flight_finish(
     assert (
         post(server, "/v1/load_lora_adapter", {"lora_name": "a2", "lora_path": path}, AUTH).status_code == 200
     )
+    done = _completions_200(server)
     stream = client.completions.create(
         model="a2",
         prompt=PROMPTS[1],
@@ -229,6 +230,15 @@ def test_unloading_lets_requests_in_flight_finish(
     assert_error(post(server, "/v1/completions", {"model": "a2", "prompt": "x", "max_tokens": 2}, AUTH), 404)
     wait_for(lambda: _idle(engine), what="idle engine")
     engine.core.blocks.check_integrity()
+    # its handler has ended (counted): its generated tokens did not bring a2's series back
+    wait_for(lambda: _completions_200(server) > done, what="the stream's handler to end")
+    assert 'adapter="a2"' not in request(server, "GET", "/metrics", headers=AUTH).text
+
+
+def _completions_200(server: BackgroundServer) -> float:
+    text = request(server, "GET", "/metrics", headers=AUTH).text
+    line = 'rillet_requests_total{endpoint="/v1/completions",status="200"} '
+    return sum(float(x.removeprefix(line)) for x in text.splitlines() if x.startswith(line))
 
 
 def test_metrics_per_adapter(client: openai.OpenAI, server: BackgroundServer) -> None:
