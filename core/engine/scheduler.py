@@ -20,6 +20,7 @@ after one token for each running sequence behind it, and dropped rather than pre
 for its blocks.
 LoRA (core/lora/slots.py): a sequence of an adapter is admitted only once its adapter has a slot
 in the stacked buffers (resident, free, or an idle one's to take); the slot is held while it runs.
+Base-model sequences behind one that waits for a slot are admitted past it.
 New placements travel with the batch (`lora_writes`) for the runner to copy before the step.
 No tensors and no CUDA here: the scheduler is plain Python and unit-tested on CPU.
 """
@@ -171,17 +172,25 @@ class Scheduler:
         return budget, room
 
     def _admit_waiting(self, queue: deque[Seq], batch: ScheduledBatch, budget: int, room: int | None) -> int:
-        """Admits from the head of `queue` while the budget (and for embeddings `room`) allows."""
-        while queue and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
-            seq = queue[0]
+        """Admits from the head of `queue` while the budget (and for embeddings `room`) allows.
+        Once an adapter's sequence waits for a slot, only base-model sequences pass it: the adapters'
+        keep their order (it takes the next slot that frees), the base model's never wait for one."""
+        i, slot_wait = 0, False
+        while i < len(queue) and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            seq = queue[i]
+            if slot_wait and seq.lora is not None:
+                i += 1
+                continue
             if seq.leader is not None and not seq.leader.is_finished and seq.leader.in_prefill:
                 break  # n > 1 copies wait for the shared prompt to be cached, then reuse it
             if seq.num_pending:
                 break  # preempted with a token in flight: recompute once the host has it
             embed = seq.embed
             slot = self._take_slot(seq)
-            if slot is None:
-                break  # every LoRA slot is held by other adapters' running sequences
+            if slot is None:  # every LoRA slot is held by other adapters' running sequences
+                slot_wait = True
+                i += 1
+                continue
             limit = budget if room is None else min(budget, room)
             if embed is not None and embed.whole:  # an encoder's: the whole prompt at once, no KV blocks
                 n = seq.prompt_len if seq.prompt_len <= limit else 0
@@ -192,7 +201,7 @@ class Scheduler:
                     self.lora_slots.release(slot)  # stays resident (its write is still queued)
                 break
             seq.lora_slot = slot
-            queue.popleft()
+            del queue[i]
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             batch.seqs.append(seq)
