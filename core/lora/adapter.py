@@ -79,6 +79,8 @@ def _bad(name: str, message: str) -> AdapterError:
 
 
 def _read_config(name: str, file: Path) -> dict[str, Any]:
+    if file.exists() and not file.is_file():  # a FIFO or a device would block the reading thread
+        raise _bad(name, f"{file} is not a regular file")
     try:
         cfg = json.loads(file.read_text())
     except FileNotFoundError as exc:

@@ -187,3 +187,15 @@ def test_an_overflowing_slot_leaves_other_rows_alone(arch: Any) -> None:
     got = proj.delta(x, stack.mix(slots))
     assert torch.equal(got[:2], want[:2])  # the base row and slot 1's row
     assert not bool(torch.isfinite(got[2]).all())  # the huge adapter's own row is its own problem
+
+
+def test_a_fifo_in_place_of_the_config_is_refused_not_read(
+    lora_setup: dict[str, Any], arch: Any, tmp_path: Path
+) -> None:
+    """Reading a FIFO would block the loading thread forever (the load request never answered)."""
+    import os
+
+    folder = _copy(lora_setup, tmp_path)
+    (folder / "adapter_config.json").unlink()
+    os.mkfifo(folder / "adapter_config.json")
+    assert "adapter_config.json" in str(_read(folder, arch))
