@@ -93,14 +93,14 @@ def _inputs(value: Any, tokenizer: Any, limits: Limits, truncate: int | None) ->
         raise bad_request(f"'input' must be {_INPUT_SHAPE}, got {type_name(value)}", param="input")
     if not value:
         raise bad_request("'input' must not be empty", param="input")
+    if all(is_int(v) for v in value):  # one input of token ids, however long
+        value = [value]
     if len(value) > limits.max_prompts:
         raise bad_request(
             f"'input' holds {len(value)} inputs; at most {limits.max_prompts} per request", param="input"
         )
     if all(isinstance(v, str) for v in value):
         return [_text(t, i, tokenizer, limits, truncate) for i, t in enumerate(value)]
-    if all(is_int(v) for v in value):
-        value = [value]
     if not all(isinstance(p, list) and all(is_int(t) for t in p) for p in value):
         raise bad_request(f"'input' must be {_INPUT_SHAPE}", param="input")
     return [_ids(list(p), i, limits, truncate) for i, p in enumerate(value)]

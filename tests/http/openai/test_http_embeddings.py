@@ -234,3 +234,22 @@ def test_full_queue_is_429_for_the_whole_request_and_recovers() -> None:
         assert answers[1].status_code == 200 and len(answers[1].json()["data"]) == 3
         assert post(srv, EMB, {**body, "input": ["d", "e", "f"]}).status_code == 200
         assert_all_released(engine, srv)
+
+
+def test_one_token_id_input_longer_than_the_input_count_cap_is_one_input() -> None:
+    """`input: [ids...]` is one input, whatever its length: the cap on inputs per request (the
+    waiting queue's size) counts arrays, not the ids of a flat one."""
+    from rillet.http.openai.embeddings import parse_embeddings
+    from rillet.http.openai.errors import ApiError
+    from rillet.http.openai.protocol import Limits
+
+    limits = Limits("m", 16, 16, 16, 1, vocab_size=100, max_prompts=4)
+    body: dict[str, Any] = {"model": "m", "input": list(range(1, 11))}
+    assert parse_embeddings(body, None, limits, 8).inputs == [list(range(1, 11))]
+    cut = parse_embeddings({**body, "input": list(range(20)), "truncate_prompt_tokens": -1}, None, limits, 8)
+    assert cut.inputs == [list(range(4, 20))]
+    with pytest.raises(ApiError, match="maximum input length is 16") as err:
+        parse_embeddings({**body, "input": list(range(20))}, None, limits, 8)
+    assert err.value.code == "context_length_exceeded"
+    with pytest.raises(ApiError, match="holds 5 inputs; at most 4"):
+        parse_embeddings({**body, "input": [[1]] * 5}, None, limits, 8)
