@@ -49,6 +49,7 @@ class Admission:
         prompt_ids, params = r.prompt_ids, r.params
         if not prompt_ids:
             raise RequestError("prompt", "must contain at least one token")
+        self._check_ids("prompt", prompt_ids)
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             raise RequestError(
                 "prompt",
@@ -60,6 +61,16 @@ class Admission:
                 "logit_bias", f"holds token id {params.logit_bias[-1][0]} outside the vocabulary"
             )
         return adapter
+
+    def _check_ids(self, param: str, ids: list[int]) -> None:
+        """Every id indexes the model's embeddings: a tokenizer larger than the model (a folder
+        without tokenizer.json borrows the default model's) must not reach the step with one."""
+        top = max(ids)
+        if self.vocab_size and (top >= self.vocab_size or min(ids) < 0):
+            bad = top if top >= self.vocab_size else min(ids)
+            raise RequestError(
+                param, f"holds token id {bad} outside the model's vocabulary of {self.vocab_size}"
+            )
 
     def make_seqs(self, r: NewRequest, adapter: LoraAdapter | None) -> list[Seq]:
         """r's n sequences (a checked request): seeds step by one per sibling, grammars matched."""
@@ -101,6 +112,7 @@ class Admission:
             raise RequestError("model", f"{self.model_name} does not serve embeddings (model.task)")
         if not prompt_ids:
             raise RequestError("input", "must contain at least one token")
+        self._check_ids("input", prompt_ids)
         if len(prompt_ids) > self.max_model_len:
             raise RequestError(
                 "input", f"{len(prompt_ids)} tokens exceed the model's limit of {self.max_model_len}"
