@@ -26,13 +26,13 @@ def check_model_path(cfg: RilletConfig) -> None:
     the same for `speculative.draft_model` when drafts come from it."""
     m = cfg.model
     if m.kind != "shape" and m.path is not None:  # else random weights / the packaged default model
-        _check(Path(m.path).expanduser(), m.kind, "model.path")
+        _check(Path(m.path).expanduser(), m.kind, "model.path", embed_only=m.task == "embed")
     spec = cfg.speculative
     if spec.method == "draft" and spec.draft_model:
-        _check(Path(spec.draft_model).expanduser(), "auto", "speculative.draft_model")
+        _check(Path(spec.draft_model).expanduser(), "auto", "speculative.draft_model", embed_only=False)
 
 
-def _check(path: Path, kind: str, key: str) -> None:
+def _check(path: Path, kind: str, key: str, embed_only: bool) -> None:
     if not path.exists():
         raise ConfigError(key, f"{path} does not exist (a .gguf file or a Hugging Face folder)")
     if not os.access(path, os.R_OK):
@@ -42,7 +42,7 @@ def _check(path: Path, kind: str, key: str) -> None:
             raise ConfigError(key, f"{path} is not a Hugging Face folder (no config.json)")
         if kind == "gguf":
             raise ConfigError(key, f"{path} is a folder, not a .gguf file")
-        _check_hf_family(path / "config.json", key)
+        _check_hf_family(path / "config.json", key, embed_only)
         return
     if kind == "hf":
         raise ConfigError(key, f"{path} is a file, not a Hugging Face folder")
@@ -58,13 +58,15 @@ def _check(path: Path, kind: str, key: str) -> None:
         raise UnsupportedArchitecture("GGUF architecture", arch, SUPPORTED_ARCHITECTURES)
 
 
-def _check_hf_family(config: Path, key: str) -> None:
-    """The folder's model_type is one rillet runs (the families of core/model/families.py)."""
+def _check_hf_family(config: Path, key: str, embed_only: bool) -> None:
+    """The folder's model_type is one rillet runs (the families of core/model/families.py); an
+    encoder's only for embeddings: a sentence-transformers folder, or a bare one with model.task
+    embed (cls pooling, core/embed_build.py)."""
     try:
         model_type = json.loads(config.read_text()).get("model_type", "llama")
     except (OSError, ValueError, AttributeError) as exc:
         raise ConfigError(key, f"{config} is not a readable JSON object ({exc})") from exc
-    if model_type in ENCODER_MODEL_TYPES and (config.parent / "modules.json").is_file():
-        return  # a sentence-transformers encoder: served for /v1/embeddings (model.task auto -> embed)
+    if model_type in ENCODER_MODEL_TYPES and (embed_only or (config.parent / "modules.json").is_file()):
+        return  # served for /v1/embeddings (a sentence-transformers folder: model.task auto -> embed)
     if model_type not in HF_MODEL_TYPES:
         raise UnsupportedArchitecture("model_type", str(model_type), HF_MODEL_TYPES)

@@ -26,8 +26,11 @@ def test_bert_passes_only_as_a_sentence_transformers_folder(tmp_path: Path) -> N
     """The families check (issue 29) let only decoder families through, so `rillet serve` refused
     every BERT embedding folder (issue 33) before it opened its port."""
     check_model_path(_config(_bert_folder(tmp_path / "st", sentence_transformers=True)))
+    plain = _bert_folder(tmp_path / "plain", sentence_transformers=False)
     with pytest.raises(ConfigError, match=r"model_type 'bert' is not supported"):
-        check_model_path(_config(_bert_folder(tmp_path / "plain", sentence_transformers=False)))
+        check_model_path(_config(plain))
+    # a bare encoder folder embeds when asked to (cls pooling): the engine serves it, so must `rillet serve`
+    check_model_path(load_config(None, [f"model.path={plain}", "model.task=embed"]))
 
 
 def test_a_draft_model_is_checked_like_the_model(tmp_path: Path) -> None:
