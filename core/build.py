@@ -29,7 +29,13 @@ from rillet.core.determinism.model import check_supported
 from rillet.core.graph_setup import graph_runner, start_graphs
 from rillet.core.loaders.default_model import default_model_path
 from rillet.core.loaders.gguf_file import GGUFFile, read_gguf
-from rillet.core.loaders.st_folder import StFolder, is_st_folder, read_st_folder, st_decoder_weights
+from rillet.core.loaders.st_folder import (
+    StFolder,
+    is_base_decoder,
+    is_st_folder,
+    read_st_folder,
+    st_decoder_weights,
+)
 from rillet.core.model.arch import ModelArch
 from rillet.core.model.decoder import DecoderModel, allocate_kv_cache, build_model
 from rillet.core.model.shapes import shape_arch
@@ -53,6 +59,7 @@ class ModelSource:
     path: Path | None  # a sentence-transformers folder: its Transformer module's folder
     header: GGUFFile | None = None
     st: StFolder | None = None  # a sentence-transformers folder (read unless model.task is generate)
+    base: bool = False  # a decoder saved as its base model (no LM head, no `model.` prefix): embeds
 
 
 @dataclass(frozen=True)
@@ -101,7 +108,8 @@ def resolve_source(cfg: RilletConfig) -> ModelSource:
         path = st.model_dir
     if kind == "hf" and not (path / "config.json").is_file():
         raise ConfigError("model.path", f"{path} is not a Hugging Face folder (no config.json)")
-    return ModelSource(kind, path, read_gguf(path) if kind == "gguf" else None, st)
+    base = kind == "hf" and st is None and is_base_decoder(path)
+    return ModelSource(kind, path, read_gguf(path) if kind == "gguf" else None, st, base)
 
 
 def resolve_precision(cfg: RilletConfig, src: ModelSource, device: torch.device) -> Precision:
@@ -202,7 +210,7 @@ def load_model(
             from rillet.core.loaders.hf import load_hf_folder
 
             arch, weights = load_hf_folder(src.path, dtype)
-            if src.st is not None:  # saved by sentence-transformers: the base model
+            if src.st is not None or src.base:  # saved by sentence-transformers, or bare: the base model
                 arch, weights = st_decoder_weights(arch, src.path, weights)
         backend = make_backend(cfg, arch, device, dtype)
         model = build_model(arch, backend, dtype, device, cfg.model.max_model_len)

@@ -36,7 +36,7 @@ class EmbedSetup:
 def resolve_tasks(cfg: RilletConfig, src: ModelSource) -> EmbedSetup:
     """model.task / pooling / normalize for this source, each mistake a ConfigError naming its key."""
     m = cfg.model
-    task = m.task if m.task != "auto" else ("embed" if src.st is not None else "generate")
+    task = m.task if m.task != "auto" else ("embed" if src.st is not None or src.base else "generate")
     encoder = _model_type(src) in ENCODERS
     if encoder and task != "embed":
         raise ConfigError("model.task", f"{task}: a {_model_type(src)} encoder can only embed (use embed)")
@@ -47,9 +47,12 @@ def resolve_tasks(cfg: RilletConfig, src: ModelSource) -> EmbedSetup:
         raise ConfigError(
             "model.task", f"{task}: {src.st.root} holds no language-model head to generate with"
         )
-    if src.st is not None and cfg.parallel.tensor_parallel_size > 1:
+    if src.base and "generate" in tasks:
+        raise ConfigError("model.task", f"{task}: {src.path} is a base model with no language-model head")
+    if (src.st is not None or src.base) and cfg.parallel.tensor_parallel_size > 1:
         raise ConfigError(
-            "parallel.tensor_parallel_size", "a sentence-transformers folder runs on one rank (use 1)"
+            "parallel.tensor_parallel_size",
+            "an embedding model's folder (sentence-transformers or a base model) runs on one rank (use 1)",
         )
     if "embed" not in tasks:
         return EmbedSetup(tasks, None, False)

@@ -90,6 +90,20 @@ def has_lm_head(model_dir: Path) -> bool:
     return False
 
 
+def is_base_decoder(model_dir: Path) -> bool:
+    """A decoder folder saved as its base model (LlamaModel, MistralModel, Qwen2Model ... as
+    embedding models such as e5-mistral are): its names lack the causal LM's `model.` prefix, and
+    it has no LM head. Read as a sentence-transformers folder's Transformer module is."""
+    try:
+        files = find_hf_folder(model_dir).weight_files
+    except FileNotFoundError:
+        return False
+    with safe_open(str(files[0]), framework="pt") as st:
+        names = list(st.keys())
+    bare = any(n.startswith(("layers.", "embed_tokens.")) for n in names)
+    return bare and not any(n.startswith(("model.", "lm_head.")) for n in names)
+
+
 def st_decoder_weights(
     arch: ModelArch, model_dir: Path, weights: Iterator[tuple[str, torch.Tensor]]
 ) -> tuple[ModelArch, Iterator[tuple[str, torch.Tensor]]]:

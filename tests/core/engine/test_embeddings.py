@@ -91,6 +91,18 @@ def test_decoder_equals_sentence_transformers(st_folder: StFolder, pooling: str,
     _check(st_folder("decoder", pooling=pooling), *chunking)
 
 
+def test_a_bare_base_decoder_folder_embeds(st_folder: StFolder) -> None:
+    """A decoder saved as its base model without sentence-transformers' files (LlamaModel: no LM
+    head, no `model.` prefix, as e5-mistral's folder): model.task auto embeds, last token and
+    normalized, which is what the sentence-transformers folder built around it says."""
+    folder = st_folder("decoder")  # lasttoken, normalized; its Transformer module is folder/../hf
+    want = reference(folder).encode(TEXTS)
+    with LLM(overrides=[f"model.path={folder.parent / 'hf'}", "cache.num_blocks=256"]) as llm:
+        got = np.array(llm.embed(TEXTS))
+        assert min(cosines(want, got)) >= 0.9999, cosines(want, got)
+        _assert_whole(llm)
+
+
 def test_decoder_prefix_cache_hits_serve_lasttoken_only(st_folder: StFolder) -> None:
     long_text = "the quick brown fox jumps over the lazy dog " * 4
     small = ["cache.block_size=8"]
@@ -150,6 +162,7 @@ def test_config_errors_name_the_key(st_folder: StFolder, tiny_hf_model: Any) -> 
             "scheduler.max_num_batched_tokens",
         ),
         ([f"model.path={st_folder('decoder')}", "model.task=both"], "model.task"),  # no LM head
+        ([f"model.path={st_folder('decoder').parent / 'hf'}", "model.task=generate"], "model.task"),  # bare
     ]
     for overrides, key in cases:
         with pytest.raises(ConfigError) as err:
