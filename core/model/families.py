@@ -163,12 +163,24 @@ def _gemma(cfg: dict[str, Any], hidden: int) -> dict[str, Any]:
     }
 
 
+def _check_biases(cfg: dict[str, Any], mt: str) -> None:
+    """The projections rillet's layers hold a bias on: Qwen2's q/k/v (always, with no key). Elsewhere
+    `attention_bias` also gives o_proj one, and `mlp_bias` the MLP's: refused by key, not by a weight
+    name the loader does not know."""
+    if mt != "qwen2" and cfg.get("attention_bias"):
+        why = f"config.json: attention_bias true ({mt}: o_proj with a bias) is not supported"
+        raise ConfigError("model.path", why)
+    if cfg.get("mlp_bias"):
+        raise ConfigError("model.path", "config.json: mlp_bias true (biased MLP layers) is not supported")
+
+
 def arch_from_hf_config(cfg: dict[str, Any]) -> ModelArch:
     """From a Hugging Face `config.json` dict; UnsupportedArchitecture for another model_type."""
     if cfg.get("model_type", "llama") not in HF_MODEL_TYPES:
         raise UnsupportedArchitecture("model_type", str(cfg.get("model_type")), HF_MODEL_TYPES)
     cfg = {"model_type": "llama", **text_config(cfg)}
     mt = cfg["model_type"]
+    _check_biases(cfg, mt)
     heads, hidden, n = int(cfg["num_attention_heads"]), int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
     max_pos = int(cfg.get("max_position_embeddings", 4096))
     theta, scaling, local = _rope(cfg)

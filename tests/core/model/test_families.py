@@ -86,6 +86,18 @@ def test_unsupported_configs_are_one_line_naming_the_key() -> None:
         arch_from_hf_config(phi4_mini)
 
 
+def test_biases_the_layers_do_not_hold_are_refused_by_key() -> None:
+    """A loaded weight named o_proj.bias or gate_proj.bias was the error before: refused at the
+    config instead, naming the key. Qwen2's q/k/v biases (no key) are the layers' own."""
+    tiny = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1, "vocab_size": 8}
+    for model_type, key in (("llama", "attention_bias"), ("qwen3", "attention_bias"), ("llama", "mlp_bias")):
+        with pytest.raises(ConfigError, match=key) as err:
+            arch_from_hf_config({"model_type": model_type, key: True, **tiny})
+        assert err.value.key == "model.path"
+    assert arch_from_hf_config({"model_type": "qwen2", **tiny}).attention_bias
+    assert not arch_from_hf_config({"model_type": "llama", "attention_bias": False, **tiny}).attention_bias
+
+
 def test_arch_json_round_trip() -> None:
     a = arch_from_hf_config(GEMMA3_4B)
     assert ModelArch.from_json(a.to_json()) == a
