@@ -114,7 +114,7 @@ def build_app(state: ServerState) -> web.Application:
         app.router.add_post("/v1/load_lora_adapter", load_lora_adapter)
         app.router.add_post("/v1/unload_lora_adapter", unload_lora_adapter)
     app.router.add_get("/v1/models", list_models)
-    app.router.add_get("/v1/models/{model}", get_model)
+    app.router.add_get("/v1/models/{model:.+}", get_model)  # ids may hold / (org/name)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     if state.cfg.server.ui == "on":

@@ -11,8 +11,9 @@ from rillet.core.config.errors import check
 # The projections an adapter may target (PEFT's module names for Llama-style decoders).
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 MAX_LORA_RANK = 256
-# an adapter's name is what requests send as `model`: no spaces, no path separators
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
+# an adapter's name is what requests send as `model`: no spaces; `/` only between parts, as in
+# the hub's `org/name` that vLLM users name adapters by (a name is never used as a path)
+_NAME = re.compile(r"^(?=.{1,128}$)[A-Za-z0-9][A-Za-z0-9._:@+-]*(/[A-Za-z0-9][A-Za-z0-9._:@+-]*)*$")
 # The stacked buffers' dtype (core/lora/setup.py resolves auto): bfloat16 when the base projections
 # take bfloat16 operands (int4 weights, a bfloat16 model), float32 otherwise.
 LoraDType = Literal["auto", "float32", "bfloat16"]
@@ -45,7 +46,7 @@ class LoraConfig:
             check(
                 valid_adapter_name(name),
                 f"lora.adapters.{name}",
-                "an adapter name is 1-128 letters, digits or ._:@+- (it is sent as `model`)",
+                "1-128 letters, digits or ._:@+-, parts joined by / (an adapter name is sent as `model`)",
             )
             check(bool(path), f"lora.adapters.{name}", "needs the adapter's folder")
         for m in self.target_modules:

@@ -69,7 +69,8 @@ class LoraRegistry:
             raise AdapterError(
                 AdapterErrorKind.INVALID,
                 name,
-                f"'{name}' cannot name an adapter (1-128 of A-Z a-z 0-9 ._:@+-, not the base model's name)",
+                f"'{name}' cannot name an adapter (1-128 of A-Z a-z 0-9 ._:@+-, parts joined by /, "
+                "not the base model's name)",
             )
         if name in self._adapters:
             raise AdapterError(

@@ -144,6 +144,25 @@ def test_load_use_unload_reload(
     wait_for(lambda: _idle(engine), what="idle engine")
 
 
+def test_an_org_slash_name_is_an_adapter_name(
+    client: openai.OpenAI, server: BackgroundServer, engine: Any, lora_setup: dict[str, Any]
+) -> None:
+    """vLLM users name adapters as the hub does (`org/name`): loaded, served as `model`, and
+    retrieved from /v1/models/{id} (the SDK's models.retrieve), slash and all."""
+    path = lora_setup["paths"]["a1"]  # a1's weights under a second name
+    r = post(server, "/v1/load_lora_adapter", {"lora_name": "acme/sql-v2", "lora_path": path}, AUTH)
+    assert r.status_code == 200, r.text
+    assert _complete(client, "acme/sql-v2").choices[0].text == _complete(client, "a1").choices[0].text
+    card = client.models.retrieve("acme/sql-v2")
+    assert card.id == "acme/sql-v2" and card.model_dump()["parent"] == engine.model_name
+    assert_error(request(server, "GET", "/v1/models/acme/none", headers=AUTH), 404, param="model")
+    for bad in ("/acme", "acme/", "acme//sql", "acme/../sql"):
+        r = post(server, "/v1/load_lora_adapter", {"lora_name": bad, "lora_path": path}, AUTH)
+        assert_error(r, 400)
+    assert post(server, "/v1/unload_lora_adapter", {"lora_name": "acme/sql-v2"}, AUTH).status_code == 200
+    wait_for(lambda: _idle(engine), what="idle engine")
+
+
 def test_bad_adapter_is_a_400_and_the_server_keeps_serving(
     client: openai.OpenAI, server: BackgroundServer, engine: Any, lora_setup: dict[str, Any], tmp_path: Path
 ) -> None:
