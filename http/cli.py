@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
 
-import orjson
 import yaml
 from rillet.core.config import ConfigError, RilletConfig, config_to_dict, load_config
 from rillet.core.determinism.env import request_strict_mkl
 
 EXIT_USAGE = 2
-# flag dest -> config key (values are passed as JSON, which YAML parses back unchanged)
+# flag dest -> config key (values are passed as JSON, which YAML parses back unchanged; the
+# standard library's, which writes any int: --port 99999999999999999999 is a range error, not a crash)
 _FLAG_KEYS = {
     "model": "model.path",
     "host": "server.host",
@@ -88,9 +89,9 @@ def overrides_from(args: argparse.Namespace) -> list[str]:
         if value is not None:
             if dest == "log_level":
                 value = value.upper()
-            out.append(f"{key}={orjson.dumps(value).decode()}")
+            out.append(f"{key}={json.dumps(value)}")
     if getattr(args, "api_keys", None):
-        out.append(f"server.api_keys={orjson.dumps(args.api_keys).decode()}")
+        out.append(f"server.api_keys={json.dumps(args.api_keys)}")
     return out
 
 

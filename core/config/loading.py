@@ -13,6 +13,7 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 from rillet.core.config.errors import ConfigError
 from rillet.core.config.root import RilletConfig
+from rillet.core.config.yaml_loader import UniqueKeyLoader
 
 
 def _type_name(tp: Any) -> str:
@@ -111,9 +112,9 @@ def _apply_override(data: dict[str, Any], assignment: str) -> None:
     if len(parts) != 2 or not all(parts):
         raise ConfigError(dotted, "override key must be section.key (e.g. cache.block_size)")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.load(raw, Loader=UniqueKeyLoader) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(dotted, f"cannot parse value {raw!r}: {exc}") from exc
+        raise ConfigError(dotted, f"cannot parse value {raw!r}: {_yaml_error(exc)}") from exc
     section = data.get(parts[0])
     if section is None:  # absent, or a section left empty in the file (`model:`)
         section = data[parts[0]] = {}
@@ -142,7 +143,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         except UnicodeDecodeError as exc:
             raise ConfigError("--config", f"{path} is not UTF-8 text (byte {exc.start})") from exc
         try:
-            data = yaml.safe_load(text) or {}
+            data = yaml.load(text, Loader=UniqueKeyLoader) or {}
         except yaml.YAMLError as exc:
             raise ConfigError("--config", f"{path} is not valid YAML: {_yaml_error(exc)}") from exc
     return config_from_dict(data, overrides)

@@ -87,6 +87,25 @@ def test_unreadable_files_are_one_line_config_errors(tmp_path: Path) -> None:
     assert "\n" not in str(err.value) and "line 2" in str(err.value)
 
 
+def test_a_key_given_twice_is_refused_not_overwritten(tmp_path: Path) -> None:
+    # PyYAML keeps the last: a second `server:` section silently dropped the first's api_keys
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("server:\n  api_keys: [k]\nmodel:\n  seed: 1\nserver:\n  port: 9\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(twice)
+    assert "'server' given twice" in str(err.value) and "line 5" in str(err.value)
+    with pytest.raises(ConfigError, match="'a' given twice"):
+        config_from_dict({}, ["lora.adapters={a: /x, a: /y}"])
+    merged = config_from_dict({}, ["lora.adapters={<<: {a: /x, b: /z}, a: /y}"])  # a merge key: no twice
+    assert merged.lora.adapters == {"a": "/y", "b": "/z"}
+
+
+def test_an_unparsable_override_is_one_line() -> None:
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({}, ["server.port=[1"])
+    assert err.value.key == "server.port" and "\n" not in str(err.value) and "column 3" in str(err.value)
+
+
 def test_an_empty_section_takes_overrides(tmp_path: Path) -> None:
     p = tmp_path / "c.yaml"
     p.write_text("model:\n")

@@ -122,6 +122,8 @@ def test_serve_flags_map_to_config_keys() -> None:
 def test_serve_with_bad_flags_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = run_main(capsys, "serve", "--dtype", "float64")
     assert rc == 2 and "'model.dtype'" in err
+    rc, _, err = run_main(capsys, "serve", "--port", str(1 << 70))  # past 64 bits: no traceback
+    assert rc == 2 and "'server.port'" in err and err.count("\n") == 1
     with pytest.raises(SystemExit) as exc:
         main(["serve", "--port", "eighty"])
     assert exc.value.code == 2

@@ -1,0 +1,29 @@
+"""The YAML loader of config files and `--set` values: yaml.SafeLoader, except that a key given
+twice in one mapping is an error. PyYAML keeps the last one silently, so a second `server:`
+section appended to a file would drop every key of the first (its api_keys: authentication off)."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import yaml
+from yaml.constructor import ConstructorError
+from yaml.nodes import MappingNode
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: later keys override it
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):  # SafeLoader's own error says so
+                continue
+            if key in seen:
+                raise ConstructorError(
+                    None, None, f"key {key!r} given twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
