@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from rillet.core.config import RilletConfig, config_from_dict
+from rillet.core.distributed.parent_death import die_with_parent
 
 if TYPE_CHECKING:  # torch loads only once the child has lowered its priority (main)
     import torch
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # torch loads only once the child has lowered its priority (m
 
 log = logging.getLogger(__name__)
 
+EXIT_PARENT_GONE = 3  # the child's exit code when the server was gone before it started
 EXAMPLE_BLOCKS = 4  # the build's KV pool: a saved step serves every pool size
 Say = Callable[[str], None]
 
@@ -92,8 +94,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--child", action="store_true", required=True)
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--nice", type=int, default=0)
+    ap.add_argument("--parent", type=int, default=0, help="the server's pid: end with it (0: no check)")
     ap.add_argument("--steps", default="", help="comma-separated step names to build (default: all)")
     args = ap.parse_args(argv)
+    if args.parent:  # a server killed (SIGKILL, a second signal) must not leave its compile running
+        die_with_parent(args.parent, EXIT_PARENT_GONE)
     os.nice(args.nice)  # before torch starts a thread: everything the child runs inherits it
     cfg = config_from_dict(json.loads(sys.stdin.read()))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")

@@ -46,6 +46,7 @@ class CompileProcess:
         logfile.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "rillet.core.compile_ahead", "--child"]
         cmd += ["--threads", str(self.threads), "--nice", str(CHILD_NICE), "--steps", ",".join(graphs)]
+        cmd += ["--parent", str(os.getpid())]  # the child ends with this process (SIGKILL included)
         with logfile.open("w") as err, self._lock:
             if self._cancelled.is_set():
                 return

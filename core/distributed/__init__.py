@@ -10,6 +10,7 @@ after each row-parallel projection (o_proj, down_proj) completes the residual st
   comm.py        the process group: the traceable all-reduce, the per-step broadcast of inputs
   step_io.py     a step's inputs packed into int64 tensors and back
   liveness.py    heartbeats, parent-death signal, process exit descriptions
+  parent_death.py  a child process never outlives its parent (PR_SET_PDEATHSIG); no torch
   cluster.py     rank 0: rendezvous store, worker processes, load handshake, monitor, shutdown
   worker.py      a worker rank: load, handshake, then run steps until told to stop
   node.py        `rillet worker`: the ranks of another host

@@ -10,7 +10,6 @@ worker that rank 0 started itself also asks the kernel for SIGKILL when its pare
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -18,12 +17,12 @@ import threading
 import time
 from datetime import timedelta
 
+from rillet.core.distributed import parent_death
 from torch._C._distributed_c10d import TCPStore
 
 log = logging.getLogger(__name__)
 
 EXIT_RANK0_LOST = 3  # a worker's exit code when rank 0 went away
-_PR_SET_PDEATHSIG = 1
 
 
 def heartbeat_key(rank: int) -> str:
@@ -31,14 +30,9 @@ def heartbeat_key(rank: int) -> str:
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """Linux: SIGKILL this process when the thread that started it ends; exit now if it has."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the heartbeat still ends us when rank 0 goes
-        log.debug("PR_SET_PDEATHSIG unavailable")
-    if os.getppid() != parent_pid:
-        os._exit(EXIT_RANK0_LOST)
+    """Linux: SIGKILL this process when the thread that started it ends; exit now if it has
+    (elsewhere the heartbeat still ends us when rank 0 goes)."""
+    parent_death.die_with_parent(parent_pid, EXIT_RANK0_LOST)
 
 
 def store_client(addr: str, port: int, timeout_s: float) -> TCPStore:
