@@ -135,7 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(0)
     except OSError as exc:  # e.g. the port is taken
-        logging.getLogger("rillet.serve").error("cannot serve: %s", exc)
+        where = f"server.host={cfg.server.host!r}, server.port={cfg.server.port}"
+        logging.getLogger("rillet.serve").error("cannot serve (%s): %s", where, exc)
         return 1
 
 

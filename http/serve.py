@@ -23,7 +23,7 @@ from typing import Any
 from rillet.core.config import ConfigError, RilletConfig
 from rillet.http.app import HttpServer
 from rillet.http.engine_api import EngineLike
-from rillet.http.launch.banner import ready_banner
+from rillet.http.launch.banner import base_url, ready_banner
 from rillet.http.launch.model_path import check_model_path
 from rillet.http.launch.process_tuning import raise_fd_limit, tune_for_serving
 from rillet.http.launch.progress import ProgressBar
@@ -126,7 +126,7 @@ async def serve(cfg: RilletConfig) -> int:
     )
     server = HttpServer(state)
     port = await server.start(cfg.server.host, cfg.server.port)
-    log.info("listening on http://%s:%d (503 until the model is loaded)", cfg.server.host, port)
+    log.info("listening on %s (503 until the model is loaded)", base_url(cfg.server.host, port))
     stop = asyncio.Event()
     _install_signals(stop)
     bar = ProgressBar(sys.stderr)

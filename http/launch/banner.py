@@ -6,13 +6,18 @@ import orjson
 from rillet.core.config import RilletConfig
 
 
+def base_url(host: str, port: int) -> str:
+    """`http://host:port`, an IPv6 address in brackets (`http://[::1]:8000`; without them the
+    printed URL was not one a client could use)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def ready_banner(
     cfg: RilletConfig, model_name: str, context: int, kv_blocks: int, host: str, port: int
 ) -> str:
     """`context`: the served context length; `kv_blocks`: the KV pool's usable blocks."""
     m, c, s, st, srv = cfg.model, cfg.cache, cfg.scheduler, cfg.stream, cfg.server
-    shown_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    url = f"http://{shown_host}:{port}"
+    url = base_url("127.0.0.1" if host in ("0.0.0.0", "::", "") else host, port)
     example = orjson.dumps(
         {"model": model_name, "messages": [{"role": "user", "content": "Hello!"}]}
     ).decode()
