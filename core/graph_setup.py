@@ -56,7 +56,16 @@ def graph_runner(
     log.info("decode step compile mode: %s (%s)", compile_mode, how)
     plan = None
     if mode == "compiled":
-        where = set_compile_cache_dir(cache_base(cfg) / "torch-compile")
+        base = cache_base(cfg)
+        try:
+            base.mkdir(parents=True, exist_ok=True)  # also where TORCHINDUCTOR_CACHE_DIR points elsewhere
+            where = set_compile_cache_dir(base / "torch-compile")
+        except OSError as exc:  # a read-only home or volume: one line naming the key, not a traceback
+            raise ConfigError(
+                "model.cache_dir",
+                f"cannot write the compiled steps' caches under {base}: {exc.strerror}"
+                " (a writable folder, or graphs.enabled off)",
+            ) from exc
         log.info("compile caches (Inductor FX graph, AOTAutograd): %s", where)
         plan = artifact_plan(cfg, model, in_process)
     return GraphRunner(

@@ -239,3 +239,18 @@ def test_compile_says_why_when_there_is_nothing_to_save(capsys: pytest.CaptureFi
     assert rc == 0 and "graphs.artifacts is off" in out
     rc, _, err = run_main(capsys, "compile", "--set", "graphs.artifacts=maybe")
     assert rc == 2 and "graphs.artifacts" in err
+
+
+def test_an_unwritable_cache_dir_is_one_line_naming_the_key(
+    capsys: pytest.CaptureFixture[str], tiny_hf_model: Any, tmp_path: Path
+) -> None:
+    """A model.cache_dir that cannot be created (here under a file; a read-only home or volume
+    alike) was a traceback from `rillet compile` and "could not load the model: FileNotFoundError"
+    with exit 1 from `rillet serve`: now one line naming the key, exit 2, before any compile."""
+    folder, _ = tiny_hf_model("llama")
+    capsys.readouterr()  # the folder's saving progress bar
+    (tmp_path / "file").write_text("")
+    sets = [f"model.path={folder}", "model.dtype=float32", "model.device=cpu", "graphs.enabled=on"]
+    sets.append(f"model.cache_dir={tmp_path / 'file' / 'cache'}")
+    rc, _, err = run_main(capsys, "compile", *[a for s in sets for a in ("--set", s)])
+    assert rc == 2 and "'model.cache_dir'" in err and err.count("\n") == 1
