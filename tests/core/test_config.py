@@ -100,6 +100,14 @@ def test_a_key_given_twice_is_refused_not_overwritten(tmp_path: Path) -> None:
     assert merged.lora.adapters == {"a": "/y", "b": "/z"}
 
 
+def test_exponents_are_numbers_as_in_yaml_1_2() -> None:
+    cfg = config_from_dict({}, ["server.request_timeout_s=1e3", "cache.memory_gb=5e-1"])
+    assert cfg.server.request_timeout_s == 1000.0 and cfg.cache.memory_gb == 0.5  # were strings
+    assert config_from_dict({}, ["server.port=8000"]).server.port == 8000  # ints stay ints
+    with pytest.raises(ConfigError, match="expected int"):
+        config_from_dict({}, ["server.max_body_bytes=1e9"])
+
+
 def test_an_unparsable_override_is_one_line() -> None:
     with pytest.raises(ConfigError) as err:
         config_from_dict({}, ["server.port=[1"])
