@@ -65,7 +65,8 @@ class ServerState:
             model_name=engine.model_name,
             max_model_len=engine.max_model_len,
             max_tokens_cap=cfg.server.max_tokens_cap,
-            default_max_tokens=cfg.server.default_max_tokens,
+            # a request naming no max_tokens gets no more than one naming the cap may ask for
+            default_max_tokens=min(cfg.server.default_max_tokens, cfg.server.max_tokens_cap),
             max_n=cfg.server.max_n,
             vocab_size=vocab_size(engine.tokenizer),
             max_prompts=cfg.scheduler.max_waiting,

@@ -65,7 +65,7 @@ class ServerConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     max_header_bytes: int = 16 * 1024
     max_tokens_cap: int = 8192  # largest max_tokens a request may ask for
-    default_max_tokens: int = 1024  # when a request names none (bounded by the context too)
+    default_max_tokens: int = 1024  # when a request names none (bounded by the context and the cap)
     max_n: int = 16
     request_timeout_s: float | None = None  # per-request deadline; None = none
     drain_timeout_s: float = 30.0

@@ -127,6 +127,13 @@ def test_caps(
         assert post(srv, path, {**base, **at_cap}, AUTH).status_code == 200
 
 
+def test_no_max_tokens_gets_at_most_the_cap(secure: tuple[Any, BackgroundServer]) -> None:
+    """server.default_max_tokens (1024) is above this server's cap (8): the cap bounds it too."""
+    engine, srv = secure
+    resp = post(srv, COMP, {"model": engine.model_name, "prompt": "hi", "ignore_eos": True}, AUTH)
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 8
+
+
 ROUTES = [
     ("GET", "/v1/models"),
     ("GET", "/v1/models/synthetic"),
