@@ -30,6 +30,10 @@ _FLAG_KEYS = {
     "port": "server.port",
     "dtype": "model.dtype",
     "log_level": "logging.level",
+    # vLLM's names for the same keys, so its users' command lines carry over
+    "served_model_name": "model.served_name",
+    "max_model_len": "model.max_model_len",
+    "tensor_parallel_size": "parallel.tensor_parallel_size",
 }
 
 
@@ -62,6 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--dtype", help="float32 | bfloat16 | float16 | auto (= --set model.dtype=D)")
     serve.add_argument("--log-level", help="DEBUG | INFO | WARNING | ERROR (= --set logging.level=L)")
+    serve.add_argument("--served-model-name", metavar="NAME", help="(= --set model.served_name=NAME)")
+    serve.add_argument("--max-model-len", type=int, metavar="N", help="(= --set model.max_model_len=N)")
+    serve.add_argument(
+        "--tensor-parallel-size", type=int, metavar="N", help="(= --set parallel.tensor_parallel_size=N)"
+    )
+    serve.add_argument(
+        "--lora-modules",
+        nargs="+",
+        metavar="NAME=PATH",
+        help="LoRA adapters served by name, as vLLM's flag: NAME=PATH or a JSON object with name and "
+        "path (= --set lora.adapters={NAME: PATH, ...})",
+    )
     worker = sub.add_parser(
         "worker",
         help="run another host's tensor-parallel ranks (parallel.node_rank >= 1) for a `rillet serve`",
@@ -92,7 +108,24 @@ def overrides_from(args: argparse.Namespace) -> list[str]:
             out.append(f"{key}={json.dumps(value)}")
     if getattr(args, "api_keys", None):
         out.append(f"server.api_keys={json.dumps(args.api_keys)}")
+    if getattr(args, "lora_modules", None):
+        out.append(f"lora.adapters={json.dumps(dict(_lora_module(m) for m in args.lora_modules))}")
     return out
+
+
+def _lora_module(text: str) -> tuple[str, str]:
+    """vLLM's --lora-modules forms: `name=path`, or `{"name": ..., "path": ...}`."""
+    if text.lstrip().startswith("{"):
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict) and isinstance(obj.get("name"), str) and isinstance(obj.get("path"), str):
+            return obj["name"], obj["path"]
+    elif "=" in text:
+        name, path = text.split("=", 1)
+        return name, path
+    raise ConfigError("lora.adapters", f"--lora-modules {text!r}: expected NAME=PATH or a JSON name and path")
 
 
 def config_yaml(cfg: RilletConfig) -> str:
