@@ -4,7 +4,10 @@ grammar's state after the draft's first j tokens.
 The drafts were checked against the grammar before the step (speculator.py cuts a draft at its
 first refused token), so the matcher can consume them: per run, the mask of position 0 is filled,
 the matcher consumes d_0, position 1 is filled, ..., and the matcher is rolled back by as many
-tokens as it consumed. The engine then advances it with the tokens it keeps, as for any step.
+tokens as it consumed. Once the grammar has ended (the matcher stopped) nothing more is consumed:
+llguidance takes a drafted EOS there without counting it, and rolling it back would undo a kept
+token (the next step's mask and the landing would then refuse valid tokens). The engine then
+advances it with the tokens it keeps, as for any step.
 Filled inline (no worker thread: each position needs the state left by the one before).
 """
 
@@ -51,7 +54,9 @@ def _fill_run(filler: MaskFiller, seq: Seq, bits: torch.Tensor, first: int, run:
             filler.eos_only(bits[first + pos])
         else:
             filler.fill_now([(m, first + pos)], bits)
-        if pos + 1 < run and not g.failed and m.consume_token(seq.draft_ids[pos]):
+        # a stopped matcher takes EOS without counting it as a token to roll back (llguidance), so
+        # nothing is consumed past the grammar's end: every later position is EOS-only anyway
+        if pos + 1 < run and not g.failed and not m.is_stopped() and m.consume_token(seq.draft_ids[pos]):
             consumed += 1
     if consumed:
         m.rollback(consumed)
