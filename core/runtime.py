@@ -77,12 +77,13 @@ class Runtime:
     speculator: Speculator | None = None  # speculative decoding (core/spec/), None when off
     lora: LoraRegistry | None = None  # LoRA adapters (core/lora/), None when lora asks for none
     timeline: DeviceTimeline | None = None  # CUDA: the device's busy / idle time across steps
+    deterministic: bool = False  # engine.deterministic, resolved: batch-invariant kernels serve
 
 
 def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime:
     report: Progress = progress or (lambda stage, frac: None)
     device = resolve_device(cfg.model.device)
-    deterministic.begin(cfg, device)  # before anything runs MKL: it may still be made strict
+    invariant = deterministic.begin(cfg, device)  # before anything runs MKL: it may still be made strict
     set_threads(cfg.model.num_threads)
     src = resolve_source(cfg)
     precision = resolve_precision(cfg, src, device)
@@ -141,6 +142,7 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         speculator=spec,
         lora=lora,
         timeline=own.timeline,
+        deterministic=invariant,
     )
 
 

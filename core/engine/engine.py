@@ -248,7 +248,9 @@ class Engine:
         self.admission.prepare_grammar(spec)
 
     def stats(self) -> EngineStats:
-        return collect_stats(self.core, self._inbox.queued, self._busy, self.ring, self.runtime.timeline)
+        rt = self.runtime
+        queued = self._inbox.queued
+        return collect_stats(self.core, queued, self._busy, self.ring, rt.timeline, rt.deterministic)
 
     # ---- the engine thread ---------------------------------------------------------------------
     def _run(self) -> None:

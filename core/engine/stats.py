@@ -36,6 +36,7 @@ class EngineStats:
     spec_verified: int = 0  # sequence-steps that verified a draft (each also gains the model's token)
     kv_tokens_total: int = 0  # tokens the pool holds: kv_blocks_total x block_size (cache.dtype sizes it)
     preemptions: int = 0  # sequences preempted for KV blocks (their KV recomputed when readmitted)
+    deterministic: bool = False  # engine.deterministic on (resolved at start-up)
     # CUDA (core/runner/inflight/device_timeline.py): the device's span of each step, and its idle time
     # between steps while the next one was due (the host launched it late)
     device_busy_seconds: float = 0.0
@@ -50,6 +51,7 @@ def collect_stats(
     busy: float,
     ring: SpscRing[StepOutput],
     timeline: DeviceTimeline | None = None,
+    deterministic: bool = False,
 ) -> EngineStats:
     blocks = core.blocks
     spec = core.spec.stats if core.spec is not None else None
@@ -61,6 +63,7 @@ def collect_stats(
         kv_tokens_total=blocks.num_usable * blocks.block_size,
         steps=core.steps,
         preemptions=core.scheduler.preemptions,
+        deterministic=deterministic,
         prompt_tokens=blocks.stats.queried_tokens,
         cached_prompt_tokens=blocks.stats.hit_tokens,
         generated_tokens=core.generated_tokens,

@@ -1,7 +1,8 @@
 """The parts of deterministic mode: the setting and its reasons, MKL's strict mode (set in-process,
 or by `rillet serve` before torch loads), the padded float32 matmul and the activations (row- and
 position-independent), what is refused with a key-naming error, the self-test that refuses a
-non-invariant model, and the compiled step's policy."""
+non-invariant model, the compiled step's policy, and the engine's stats saying whether it is on
+(/metrics: rillet_deterministic)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from rillet.core.determinism.mode import resolve_deterministic
 from rillet.core.determinism.model import check_supported, gelu_tanh, make_invariant, silu
 from rillet.core.determinism.rows import RowPadding
 from rillet.core.determinism.selftest import self_test
+from rillet.core.llm import LLM
 from rillet.core.model.arch import ModelArch
 from rillet.core.model.decoder import build_model
 from rillet.core.model.shapes import SHAPES
@@ -162,3 +164,10 @@ def test_the_compiled_step_is_not_served() -> None:
             model,  # type: ignore[arg-type]
             torch.device("cpu"),
         )
+
+
+def test_the_engines_stats_say_whether_the_mode_is_on() -> None:
+    tiny = {"kind": "shape", "shape": "tiny", "device": "cpu", "dtype": "float32", "quantization": "none"}
+    for setting in ("on", "off"):
+        with LLM(cfg(model=tiny, engine={"deterministic": setting}, graphs={"compile_mode": "none"})) as llm:
+            assert llm.engine.stats().deterministic is (setting == "on")

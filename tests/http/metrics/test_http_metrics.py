@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 
 from http_helpers import post, request
+from rillet.core.engine.stats import EngineStats
 from rillet.http.background import BackgroundServer
+from rillet.http.metrics.registry import engine_samples
 
 
 def _value(text: str, name: str) -> float:
@@ -36,6 +38,7 @@ def test_health_and_metrics(synth_server: BackgroundServer) -> None:
     assert _value(text, "rillet_kv_blocks_total") == engine.stats().kv_blocks_total
     stats = engine.stats()
     assert _value(text, "rillet_kv_cache_tokens_total") == stats.kv_blocks_total * engine.cfg.cache.block_size
+    assert _value(text, "rillet_deterministic") == 0  # the synthetic model computes nothing to make invariant
     for name in (
         "rillet_kv_blocks_used",
         "rillet_num_requests_running",
@@ -70,3 +73,9 @@ def test_prefix_cache_counters_give_a_hit_rate_over_any_window(synth_server: Bac
     assert h1 - h0 == first["prompt_tokens_details"]["cached_tokens"]
     cached = second["prompt_tokens_details"]["cached_tokens"]
     assert cached > 0 and h2 - h1 == cached  # the repeated prompt's full blocks came from the cache
+
+
+def test_deterministic_mode_is_a_gauge_of_one() -> None:
+    stats = EngineStats(0, 0, 0, 8, 0, 0, 0, 0, 0, deterministic=True)
+    values = {name: value for name, _, _, value in engine_samples(stats, 0, 0)}
+    assert values["rillet_deterministic"] == 1
