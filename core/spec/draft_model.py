@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from rillet.core.attention.kv_cache import resolve_kv_dtype
 from rillet.core.build import load_model, load_tokenizer, max_model_len, resolve_precision, resolve_source
-from rillet.core.config import ConfigError, RilletConfig
+from rillet.core.config import ConfigError, ModelConfig, RilletConfig
 from rillet.core.engine.block_manager import BlockManager
 from rillet.core.engine.scheduler import ScheduledBatch
 from rillet.core.model.decoder import DecoderModel, allocate_kv_cache
@@ -150,19 +150,14 @@ def load_draft_drafter(
 ) -> DraftModelDrafter:
     """Loads speculative.draft_model like model.path (in the target's dtype, its weights as
     speculative.draft_quantization says), with a KV pool of `num_blocks` blocks (the target's)."""
-    sc = cfg.speculative
-    model_cfg = replace(
-        cfg.model,
-        path=sc.draft_model,
-        kind="auto",
-        quantization=sc.draft_quantization,
-        dtype=str(dtype).removeprefix("torch."),  # type: ignore[arg-type]
-        served_name=None,
-    )
-    dcfg = replace(cfg, model=model_cfg)
+    dcfg = replace(cfg, model=draft_model_config(cfg))
     try:
         src = resolve_source(dcfg)
         precision = resolve_precision(dcfg, src, device)
+        if precision.dtype != dtype:  # the draft runs in the target's dtype whatever its weights
+            named = str(dtype).removeprefix("torch.")
+            dcfg = replace(dcfg, model=replace(dcfg.model, dtype=named))  # type: ignore[arg-type]
+            precision = resolve_precision(dcfg, src, device)
         _check_tokenizer(load_tokenizer(src), tokenizer)
         model = load_model(dcfg, src, device, precision, lambda stage, frac: None)
     except ConfigError as exc:
@@ -184,6 +179,17 @@ def load_draft_drafter(
     )
     blocks = BlockManager(num_blocks, cfg.cache.block_size, enable_prefix_caching=False)
     return DraftModelDrafter(runner, blocks, max_model_len(dcfg, model.arch))
+
+
+def draft_model_config(cfg: RilletConfig) -> ModelConfig:
+    """The `model` section the draft model loads with: speculative.draft_model, its weights as
+    speculative.draft_quantization says, and the target's model.dtype setting (not the dtype it
+    resolved to: an explicit float32 would rule out int4 weights, so a 4-bit GGUF draft would run
+    full-precision ones under draft_quantization auto; auto resolves to the target's dtype)."""
+    sc = cfg.speculative
+    return replace(
+        cfg.model, path=sc.draft_model, kind="auto", quantization=sc.draft_quantization, served_name=None
+    )
 
 
 def _check_tokenizer(draft: Tokenizer, target: Tokenizer) -> None:
