@@ -42,11 +42,16 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 continue
         raise ConfigError(key, f"expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
-        if isinstance(value, bool) and ("on" in get_args(tp) or "off" in get_args(tp)):
+        given, choices = value, get_args(tp)
+        if isinstance(value, bool) and ("on" in choices or "off" in choices):
             value = "on" if value else "off"  # YAML 1.1 reads a bare on/off as a boolean
-        if value in get_args(tp):
+        if value in choices:
             return value
-        raise ConfigError(key, f"expected {_type_name(tp)}, got {value!r}")
+        if isinstance(value, str):  # `debug` for DEBUG, as the --log-level flag takes it
+            same = [c for c in choices if isinstance(c, str) and c.lower() == value.lower()]
+            if len(same) == 1:
+                return same[0]
+        raise ConfigError(key, f"expected {_type_name(tp)}, got {given!r}")
     if origin is tuple:
         if isinstance(value, str | int | float) and not isinstance(value, bool):
             value = [value]

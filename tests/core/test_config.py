@@ -166,3 +166,12 @@ def test_a_blank_served_name_is_refused_not_taken_for_null() -> None:
             config_from_dict({"model": {"served_name": name}})
         assert err.value.key == "model.served_name"
     assert config_from_dict({"model": {"served_name": "smol"}}).model.served_name == "smol"
+
+
+def test_a_choice_is_matched_without_case_and_a_bad_one_is_named_as_given() -> None:
+    """`logging.level: debug` is DEBUG, as the --log-level flag takes it; a bare YAML true where
+    on/off is not a choice is reported as the true that was written, not as the 'on' it was read as."""
+    assert config_from_dict({"logging": {"level": "debug"}}).logging.level == "DEBUG"
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"speculative": {"method": True}})
+    assert err.value.key == "speculative.method" and "got True" in str(err.value)
