@@ -67,13 +67,15 @@ class Emitter:
             usage.update(d.index, d.completion_tokens, d.cached_tokens)
         out: list[bytes] = []
         for piece in coalesce(deltas, self.limit, self.started):
-            failure = failure or finish_failure(piece.finish, piece.error, piece.error_kind)
             if failure is not None:
                 break
+            # A failing delta's piece may hold tokens coalesced ahead of it (a slow reader's pile):
+            # they were generated before the failure, so they go out before its error event.
+            failure = finish_failure(piece.finish, piece.error, piece.error_kind)
             event = fmt.piece(piece.index, piece.text, piece.logprobs)
             if event:
                 out.append(event)
-            if piece.finish is not None:
+            if failure is None and piece.finish is not None:
                 out.append(fmt.finish(piece.index, piece.finish.value, piece.stop_str))
         return out, failure
 

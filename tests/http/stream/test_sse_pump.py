@@ -170,3 +170,39 @@ def test_the_end_of_a_stream_is_one_call_of_end_and_a_failure_is_not() -> None:
     assert not any(b"[DONE]" in p for p in pumped)
     pumped, ended = asyncio.run(scenario(FinishReason.ERROR))
     assert ended == [] and b'"error"' in pumped[-1]  # the caller's write_eof closes the body after it
+
+
+def test_tokens_piled_up_before_a_failure_still_go_out_ahead_of_its_error_event() -> None:
+    """A deadline (or any ERROR end) reaching a slow reader's pile: the tokens generated before it
+    were the client's as much as the ones already sent; only what the failure ends is cut."""
+
+    async def scenario() -> list[bytes]:
+        stream = RequestStream("r", 1)
+        writes: list[bytes] = []
+        socket_free = asyncio.Event()
+        socket_free.set()
+
+        async def write(data: bytes) -> None:
+            writes.append(data)
+            await socket_free.wait()
+
+        fmt = _fmt()
+        task = asyncio.create_task(pump_sse(stream, fmt, Usage([3], 1), write, StreamConfig(), fmt.role()))
+        await settle()
+        _push(stream, delta("a"))
+        await settle()
+        socket_free.clear()  # the client stops reading
+        _push(stream, delta("b"))
+        await settle()  # the writer is stuck writing "b"
+        for ch in "cde":
+            _push(stream, delta(ch))
+        _push(stream, delta("", finish=FinishReason.ERROR))
+        socket_free.set()
+        await asyncio.wait_for(task, 5)
+        return writes
+
+    writes = asyncio.run(scenario())
+    events = [e for w in writes for e in sse_events(w) if e != "[DONE]"]
+    texts = [e["choices"][0]["delta"].get("content", "") for e in events if "choices" in e]
+    assert "".join(texts) == "abcde" and "error" in events[-1]
+    assert b'"error"' in writes[-1] and sse_events(writes[-1])[-1] == "[DONE]"
