@@ -37,7 +37,6 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from rillet.core.errors import ErrorKind
 from rillet.core.outputs import StepOutput
 from rillet.core.ring import SpscRing
 from rillet.http.metrics.registry import Metrics
@@ -171,10 +170,9 @@ class Dispatcher:
                     tokens += k
                     if metrics is not None:
                         metrics.token_times(stream, now, k, out.step)
-                if d.error_kind is ErrorKind.ENGINE_DEAD:  # 503 "engine dead", not "your request failed"
-                    stream.fail(engine_dead(d.error))
-                    routes.pop(d.request_id, None)
-                    continue
+                # An ENGINE_DEAD end is pushed like any ERROR end (finish_failure makes it the 503
+                # "engine dead"), not failed at once: a failed stream's pending tokens, the step
+                # the dying engine salvaged, would never be sent.
                 stream.push(d)
                 if not stream.touched:
                     stream.touched = True

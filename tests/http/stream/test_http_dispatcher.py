@@ -7,11 +7,17 @@ import threading
 import time
 
 import pytest
-from http_helpers import until, wait_for
+from http_doubles.stream_deltas import chat_format
+from http_helpers import sse_events, until, wait_for
+from rillet.core.config import StreamConfig
+from rillet.core.errors import ErrorKind
 from rillet.core.outputs import SeqDelta, StepOutput
 from rillet.core.ring import SpscRing
+from rillet.core.sequence import FinishReason
+from rillet.http.openai.chunks import Usage
 from rillet.http.stream.dispatcher import Dispatcher
 from rillet.http.stream.request_stream import RequestStream
+from rillet.http.stream.sse import pump_sse
 
 
 def parked(ring: SpscRing[StepOutput]) -> bool:
@@ -151,3 +157,32 @@ def test_a_reader_too_far_behind_is_cut_off_and_aborted() -> None:
     aborted, stream = asyncio.run(scenario())
     assert aborted == ["req-0", "req-1"]
     assert stream.failure is not None and stream.failure.code == "stream_buffer_full"
+
+
+def test_tokens_routed_with_an_engine_dead_end_reach_the_client_before_its_error() -> None:
+    """A dying engine salvages its held step, then fails every request (engine.py): one routing
+    pass may carry both. The salvaged tokens are the client's: the pump sends them, then the 503."""
+
+    async def scenario() -> list[bytes]:
+        ring: SpscRing[StepOutput] = SpscRing(8)
+        disp = Dispatcher(ring, lambda _id: None, max_buffered_tokens=1000)
+        stream = RequestStream("r", 1)
+        disp.register("r", stream)
+        writes: list[bytes] = []
+
+        async def write(data: bytes) -> None:
+            writes.append(data)
+
+        fmt = chat_format()
+        task = asyncio.create_task(pump_sse(stream, fmt, Usage([3], 1), write, StreamConfig(), b""))
+        await asyncio.sleep(0)
+        dead = SeqDelta("r", 0, [], "", None, FinishReason.ERROR, 3, 0, 2)
+        dead.error_kind = ErrorKind.ENGINE_DEAD
+        disp.route([step(1, ntok=2), StepOutput(2, [dead])])
+        await asyncio.wait_for(task, 5)
+        return writes
+
+    events = [e for w in asyncio.run(scenario()) for e in sse_events(w) if e != "[DONE]"]
+    texts = [e["choices"][0]["delta"].get("content", "") for e in events if "choices" in e]
+    assert "".join(texts) == "xx"
+    assert events[-1]["error"]["code"] == "dead"
