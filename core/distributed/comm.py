@@ -26,6 +26,12 @@ from torch._C._distributed_c10d import PrefixStore, Store
 
 log = logging.getLogger(__name__)
 
+# A worker's wait for the next step's header: not a collective in flight but the server's idle
+# time, unbounded (rank 0 gone ends the worker through its heartbeat, liveness.py). Under the
+# group's parallel.timeout_s an engine idle that long lost its workers and died. A year: gloo
+# adds the timeout to a nanosecond clock, where a larger one could overflow.
+_NEXT_STEP_WAIT = timedelta(days=365)
+
 
 def resolve_backend(setting: str, device: torch.device) -> str:
     if setting == "auto":
@@ -87,7 +93,9 @@ class TPGroup:
     def recv_step(self) -> StepInputs | None:
         """The next step's inputs; None when rank 0 says stop."""
         head = self._head
-        dist.broadcast(head, 0, group=self.cpu_group)
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor, opts.timeout = 0, 0, _NEXT_STEP_WAIT
+        self.cpu_group.broadcast([head], opts).wait()
         if int(head[0]) == step_io.STOP:
             return None
         b = int(head[2])

@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,9 @@ import orjson
 import pytest
 from faulty_rillet import LOAD_FAIL_RANK
 from http_helpers import SYNTH_OVERRIDES, post, request, wait_for
-from rillet.core.config import load_config
+from rillet.core.config import config_from_dict, load_config
+from rillet.core.llm import LLM
+from rillet.core.sampling_params import SamplingParams
 from tp_helpers import TINY_TP, TP_TEST_SETS, Rillet, assert_all_gone, descendants
 
 # minutes on one core: its module is queued first under --dist loadfile (tests/conftest.py)
@@ -150,3 +153,23 @@ def test_engine_fail_from_another_thread_stops_an_idle_engine() -> None:
             engine.add_request("r", [1, 2, 3], SamplingParams(max_tokens=2))
     finally:
         engine.shutdown()
+
+
+def test_an_engine_idle_past_the_collective_timeout_keeps_its_workers(tiny_hf_model: Any) -> None:
+    """parallel.timeout_s bounds a step's collectives, not the time between steps: a worker waiting
+    for the next step of an idle server (here 3x the timeout) is not taken as failed."""
+    folder, _ = tiny_hf_model("llama", **TINY_TP)
+    cfg = config_from_dict(
+        {
+            "model": {"path": str(folder), "kind": "hf", "dtype": "float32", "num_threads": 1},
+            "cache": {"num_blocks": 24, "block_size": 8},
+            "parallel": {"tensor_parallel_size": 2, "timeout_s": 1.0},
+        }
+    )
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    with LLM(cfg) as llm:
+        first = llm.generate([[1, 2, 3]], params)[0].outputs[0].token_ids
+        time.sleep(3.0)  # idle: no step sent, the worker waits for the next header
+        cluster = llm.engine.runtime.cluster
+        assert cluster is not None and cluster.failure is None and cluster._exited() is None
+        assert llm.generate([[1, 2, 3]], params)[0].outputs[0].token_ids == first
