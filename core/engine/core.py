@@ -142,7 +142,7 @@ class EngineCore(StepLanding):
             self.scheduler.embed_cap = share.cap(self.scheduler.has_generation, t0)
         if spec is not None:
             spec.propose(self.scheduler.running)
-        batch = self.scheduler.schedule()
+        batch = self._schedule(share)
         launched = None
         verifies: dict[int, list[int]] = {}
         if batch.seqs:
@@ -169,6 +169,18 @@ class EngineCore(StepLanding):
             )
         # numbered by the step whose tokens it carries (the front end's inter-token clock)
         return StepOutput(self._landed_step, deltas) if batch.seqs or deltas else None
+
+    def _schedule(self, share: EmbedShare | None) -> ScheduledBatch:
+        batch = self.scheduler.schedule()
+        if share is None or batch.seqs or self._flights or not self.scheduler.has_generation:
+            return batch
+        # Chat is in the engine and none of it can run: it waits for blocks (or batch places) that
+        # embeddings mid-prefill hold, and the share holds those back until chat steps earn it
+        # credit, which none will. Without this, nothing ever runs again: the embeddings go on.
+        self.scheduler.embed_cap = None
+        again = self.scheduler.schedule()
+        again.preempted[:0] = batch.preempted
+        return again
 
     def _waits_next(self, launched: InflightStep | None) -> None:
         """Just after publishing, when the engine's next act is a device wait (landing the step in

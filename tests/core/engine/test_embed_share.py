@@ -7,6 +7,8 @@ from __future__ import annotations
 from rillet.core.config import SchedulerConfig
 from rillet.core.embedding import EmbedParams
 from rillet.core.engine.block_manager import BlockManager
+from rillet.core.engine.core import EngineCore
+from rillet.core.engine.detokenizer import IncrementalDetokenizer
 from rillet.core.engine.embed_share import (
     FIRST_ALONE_CHUNK,
     GRACE_S,
@@ -15,6 +17,7 @@ from rillet.core.engine.embed_share import (
     EmbedShare,
 )
 from rillet.core.engine.scheduler import ScheduledBatch, Scheduler
+from rillet.core.runner.synthetic import SyntheticRunner
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import FinishReason, Seq
 
@@ -166,3 +169,31 @@ def test_a_step_measured_free_leaves_the_cap_finite() -> None:
     share.observe(0.01, 100, 8, 8)  # with 100 embedding tokens, measured faster (timer noise)
     cap = share.cap(generation=True, now=0.0)
     assert cap is not None and cap > 0
+
+
+def test_chat_that_waits_for_blocks_held_by_capped_embeddings_is_not_stuck() -> None:
+    """An embedding mid-prefill holds most of the pool; chat arrives needing more blocks than are
+    free. The share caps embeddings at 0 (no chat step has run to earn credit) and the chat cannot
+    be admitted: with nothing scheduled, no step earns credit either. The engine must go on."""
+    blocks = BlockManager(6, 16)  # 5 usable blocks: 80 tokens
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64), blocks)
+    table = [bytes([97 + i % 26]) for i in range(256)]
+    core = EngineCore(
+        s,
+        SyntheticRunner(0.0, list(range(100, 200))),
+        lambda q: IncrementalDetokenizer(table, frozenset(), q.params, ()),
+        80,
+        serves_both=True,
+    )
+    flood = embedding(0, prompt_len=80)
+    core.add([flood])
+    core.step()  # alone: a first chunk of 64 tokens, 4 of the 5 blocks
+    assert flood.num_computed == 64 and blocks.num_free == 1
+    talk = chat(1, prompt_len=20, max_tokens=4)  # 2 blocks
+    core.add([talk])
+    for _ in range(20):
+        core.step()
+    assert talk.finish_reason is FinishReason.LENGTH and len(talk.output_ids) == 4
+    assert flood.finish_reason is FinishReason.STOP
+    blocks.check_integrity()
+    assert blocks.num_used == 0
