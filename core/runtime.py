@@ -130,7 +130,7 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         max_model_len=max_len,
         scheduler=scheduler,
         runner=runner,
-        make_detokenizer=detokenizer_factory(tokenizer),
+        make_detokenizer=detokenizer_factory(tokenizer, eos),
         device=device,
         dtype=precision.dtype,
         arch=model.arch,
@@ -301,10 +301,12 @@ def _synthetic_runtime(
     )
 
 
-def detokenizer_factory(tok: Tokenizer) -> DetokenizerFactory:
+def detokenizer_factory(tok: Tokenizer, eos: tuple[int, ...] | None = None) -> DetokenizerFactory:
+    """`eos`: the ids that end a sequence, the sampler's (the tokenizer's and the model config's):
+    one the sampler bans as EOS under min_tokens must also stop the sequence once drawn."""
     table = tok.token_bytes_table()
     special = tok.special_token_ids
-    eos = tok.eos_token_ids
+    eos = tok.eos_token_ids if eos is None else eos
     text = token_text_table(table, special)
 
     def make(seq: Seq) -> IncrementalDetokenizer:
