@@ -143,15 +143,12 @@ class Scheduler:
             if seq.draft_ids:  # leaves a token of the budget to each running sequence after it
                 n = _with_draft(seq, n, budget - (len(running) - i - 1))
             n = n if n < budget else budget
-            if embeds and seq.embed is not None:
-                if room is not None:
-                    n = min(n, room)
-                    if n <= 0:
-                        i += 1  # its chunk waits for the engine's embedding share
-                        continue
-                    room -= n
-                batch.embed_tokens += n
-                batch.embed_rows += 1
+            embed = embeds and seq.embed is not None
+            if embed and room is not None:
+                n = min(n, room)
+                if n <= 0:
+                    i += 1  # its chunk waits for the engine's embedding share
+                    continue
             end = seq.num_computed + n
             if end > len(seq.block_table) * block_size:
                 while not self.blocks.grow(seq, end):
@@ -165,6 +162,10 @@ class Scheduler:
                     batch.preempted.append(victim)
                     if victim is seq:
                         return budget, room
+            if embed:  # counted once it runs: a sequence that preempted itself runs nothing
+                room = None if room is None else room - n
+                batch.embed_tokens += n
+                batch.embed_rows += 1
             seqs.append(seq)
             num_new.append(n)
             budget -= n

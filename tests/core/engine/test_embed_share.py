@@ -197,3 +197,16 @@ def test_chat_that_waits_for_blocks_held_by_capped_embeddings_is_not_stuck() -> 
     assert flood.finish_reason is FinishReason.STOP
     blocks.check_integrity()
     assert blocks.num_used == 0
+
+
+def test_an_embedding_that_preempts_itself_counts_no_tokens_in_the_step() -> None:
+    """The step's embedding tokens and rows are what it runs (the share is charged by them): an
+    embedding chunk with no blocks left preempts itself and runs nothing."""
+    s = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32), BlockManager(4, 16))
+    talk, flood = chat(0, prompt_len=16), embedding(1, prompt_len=40)
+    s.add(talk)
+    s.add(flood)
+    advance(s, s.schedule())  # 16 tokens each: a block each
+    batch = s.schedule()  # chat's next token takes the last block; the embedding's chunk finds none
+    assert batch.preempted == [flood] and batch.seqs == [talk]
+    assert (batch.embed_tokens, batch.embed_rows) == (0, 0)
