@@ -5,6 +5,7 @@ usage chunk and logprobs events, and the end of a stream in one call of `end` (n
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,16 +26,24 @@ from rillet.http.stream.request_stream import RequestStream
 from rillet.http.stream.sse import pump_sse
 
 
+def _socket() -> tuple[list[bytes], asyncio.Event, Callable[[bytes], Awaitable[None]]]:
+    """A socket's write: records what is written, then blocks while `free` is clear (a client that
+    stopped reading)."""
+    writes: list[bytes] = []
+    free = asyncio.Event()
+    free.set()
+
+    async def write(data: bytes) -> None:
+        writes.append(data)
+        await free.wait()
+
+    return writes, free, write
+
+
 def test_tokens_piling_up_behind_a_busy_socket_merge_into_one_write() -> None:
     async def scenario() -> list[bytes]:
         stream = RequestStream("r", 1)
-        writes: list[bytes] = []
-        socket_free = asyncio.Event()
-        socket_free.set()
-
-        async def write(data: bytes) -> None:
-            writes.append(data)
-            await socket_free.wait()
+        writes, socket_free, write = _socket()
 
         cfg = StreamConfig(max_tokens_per_event=4)
         fmt = _fmt()
@@ -178,13 +187,7 @@ def test_tokens_piled_up_before_a_failure_still_go_out_ahead_of_its_error_event(
 
     async def scenario() -> list[bytes]:
         stream = RequestStream("r", 1)
-        writes: list[bytes] = []
-        socket_free = asyncio.Event()
-        socket_free.set()
-
-        async def write(data: bytes) -> None:
-            writes.append(data)
-            await socket_free.wait()
+        writes, socket_free, write = _socket()
 
         fmt = _fmt()
         task = asyncio.create_task(pump_sse(stream, fmt, Usage([3], 1), write, StreamConfig(), fmt.role()))
