@@ -241,13 +241,14 @@ def kv_capacity(cfg: RilletConfig, arch: ModelArch, dtype: torch.dtype, device: 
         blocks, key = int(free * cfg.cache.memory_fraction // per_block), "cache.memory_fraction"
     else:
         blocks, key = int(cfg.cache.memory_gb * 2**30 // per_block), "cache.memory_gb"
-    if device.type == "cpu" and blocks * per_block > _physical_memory():
+    ram = _physical_memory() if device.type == "cpu" else None
+    if ram is not None and blocks * per_block > ram:
         # allocated at once and touched as it fills: past the machine's memory the OOM killer
         # ends the process later, mid-serving, instead of this line now
         raise ConfigError(
             key,
             f"a KV pool of {blocks * per_block / 2**30:.1f} GiB does not fit this machine's "
-            f"{_physical_memory() / 2**30:.1f} GiB of memory",
+            f"{ram / 2**30:.1f} GiB of memory",
         )
     return max(2, blocks)
 

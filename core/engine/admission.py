@@ -65,9 +65,9 @@ class Admission:
     def _check_ids(self, param: str, ids: list[int]) -> None:
         """Every id indexes the model's embeddings: a tokenizer larger than the model (a folder
         without tokenizer.json borrows the default model's) must not reach the step with one."""
-        top = max(ids)
-        if self.vocab_size and (top >= self.vocab_size or min(ids) < 0):
-            bad = top if top >= self.vocab_size else min(ids)
+        low, top = min(ids), max(ids)
+        if self.vocab_size and (top >= self.vocab_size or low < 0):
+            bad = top if top >= self.vocab_size else low
             raise RequestError(
                 param, f"holds token id {bad} outside the model's vocabulary of {self.vocab_size}"
             )

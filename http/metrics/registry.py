@@ -198,7 +198,7 @@ def engine_samples(stats: Any, wakeups: int, active_streams: int) -> list[Sample
             "rillet_deterministic",
             "1 when engine.deterministic is on (batch-invariant kernels, the eager step), else 0",
             "gauge",
-            float(getattr(stats, "deterministic", False)),  # the test doubles have no such field
+            float(stats.deterministic),
         ),
         ("rillet_engine_busy_seconds", "Wall time spent in engine steps", "counter", stats.busy_seconds),
         (

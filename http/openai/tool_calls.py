@@ -203,7 +203,7 @@ class ParsedCalls:
     calls: list[tuple[str, str]]  # every call started, in order: (name, arguments text as generated)
     cut: bool = False  # the text ended inside the last call's arguments
 
-    def complete(self, finish_reason: str | None = None) -> list[tuple[str, str]]:
+    def complete(self) -> list[tuple[str, str]]:
         """The calls to answer as calls: those whose arguments value ended, as the stream's finish
         counts them (a call cut by the length limit never is: a client must never run it)."""
         return self.calls[:-1] if self.cut else self.calls

@@ -51,6 +51,7 @@ class FakeStats:
     handoff_timeouts: int = 0
     device_wait_seconds: float = 0.0
     preemptions: int = 0
+    deterministic: bool = False
 
 
 class FakeEngine:
