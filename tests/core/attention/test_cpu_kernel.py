@@ -15,7 +15,9 @@ from rillet.core.attention.base import DecodeMetadata, VerifyMetadata
 from rillet.core.attention.paged_decode import paged_decode_attention
 from rillet.core.attention.paged_verify import paged_verify_attention
 
-pytestmark = pytest.mark.skipif(not cpu_kernel.available(), reason="the kernel does not build here")
+pytestmark = pytest.mark.isa  # run again under an AVX2 cap (tests/test_isa_cap.py)
+
+needs_kernel = pytest.mark.skipif(not cpu_kernel.available(), reason="no AVX-512 (or a cap), or no build")
 
 BS, NUM_BLOCKS = 16, 48
 
@@ -74,6 +76,7 @@ def close(got: list[torch.Tensor], want: list[torch.Tensor], dtype: torch.dtype)
         torch.testing.assert_close(g, w, **tol)
 
 
+@needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("hq", "hkv", "d"), [(9, 3, 64), (4, 4, 16), (8, 2, 80), (2, 1, 128)])
 def test_verify_rows_match_the_torch_path(hq: int, hkv: int, d: int, dtype: torch.dtype) -> None:
@@ -84,6 +87,7 @@ def test_verify_rows_match_the_torch_path(hq: int, hkv: int, d: int, dtype: torc
     assert torch.isfinite(out).all()  # padding queries see their row's whole context
 
 
+@needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_rows_match_the_torch_path(dtype: torch.dtype) -> None:
     rows = [(0, 1), (15, 1), (16, 1), (200, 1), (33, 1)]
@@ -91,6 +95,7 @@ def test_decode_rows_match_the_torch_path(dtype: torch.dtype) -> None:
     close([x.decode(kernel=True)], [x.decode(kernel=False)], dtype)
 
 
+@needs_kernel
 @pytest.mark.parametrize("window", [1, 4, 20])
 def test_sliding_windows(window: int) -> None:
     rows = [(40, 3), (2, 2), (25, 4)]
@@ -100,6 +105,7 @@ def test_sliding_windows(window: int) -> None:
     close([d.decode(True, window)], [d.decode(False, window)], torch.float32)
 
 
+@needs_kernel
 def test_a_rows_bits_do_not_depend_on_its_batch() -> None:
     """The same row alone, first in a batch and last in a longer one; as a decode row and as a
     verify row's first query: equal to the bit (the kernel splits work over rows, heads and query
@@ -123,6 +129,7 @@ def test_a_rows_bits_do_not_depend_on_its_batch() -> None:
     assert torch.equal(dec.decode(True)[3], full[3][0])
 
 
+@needs_kernel
 def test_inside_a_compiled_graph() -> None:
     """The op traced with fullgraph and dynamic shapes (as the compiled CPU steps are): the same
     output as eager, for a batch size and a query count other than the first call's."""
@@ -140,6 +147,7 @@ def test_inside_a_compiled_graph() -> None:
         assert torch.equal(compiled(*args), step(*args))
 
 
+@needs_kernel
 def test_bad_shapes_are_refused() -> None:
     x = Rows([(10, 2)], 2, 4, 2, 16, torch.float32, seed=0)
     q = x.q.view(1, 2, 4, 16)
@@ -173,6 +181,8 @@ def test_a_failed_build_keeps_the_gemm_path(
         raise RuntimeError("Error building extension 'rillet_paged_attention'")
 
     monkeypatch.setattr(cpp_extension, "load", fail)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: True)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     with caplog.at_level("WARNING", logger="rillet.core.attention.cpu_kernel"):
         assert cpu_kernel.available.__wrapped__() is False
     assert [r.levelname for r in caplog.records if r.name == "rillet.core.attention.cpu_kernel"] == [
@@ -180,6 +190,21 @@ def test_a_failed_build_keeps_the_gemm_path(
     ]
 
 
+def test_atens_cpu_cap_keeps_the_gemm_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ATEN_CPU_CAPABILITY=avx2 the process runs what a CPU without AVX-512 runs: no build is
+    tried, and the steps keep the GEMM path."""
+    from torch.utils import cpp_extension
+
+    def build(*args: object, **kwargs: object) -> None:
+        raise AssertionError("no build under an AVX2 cap")
+
+    monkeypatch.setattr(cpp_extension, "load", build)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert cpu_kernel.available.__wrapped__() is False
+    assert not cpu_kernel.enabled(64, 3, torch.float32, torch.device("cpu"))
+
+
+@needs_kernel
 def test_a_bfloat16_pool_under_float32_queries() -> None:
     """The default CPU model's layout when the pool is bfloat16 (cache.dtype) and activations are
     float32: keys and values widened as they are read."""

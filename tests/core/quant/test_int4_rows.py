@@ -19,6 +19,8 @@ from rillet.graphs.aot.step import load_library
 from rillet.graphs.aot.store import EXTERN, ArtifactStore
 from torch import nn
 
+pytestmark = pytest.mark.isa  # run again under an AVX2 cap (tests/test_isa_cap.py)
+
 needs_kernel = pytest.mark.skipif(
     not (int4_supported() and rows_kernel.available()), reason="needs AVX512-BF16 and a C++ compiler"
 )
@@ -181,9 +183,24 @@ def test_a_failed_build_leaves_torchs_kernel(
 
     monkeypatch.setattr(cpp_extension, "load", fail)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     with caplog.at_level("WARNING", logger="rillet.core.quant.rows_kernel"):
         assert rows_kernel.available.__wrapped__() is False
     assert [r.levelname for r in caplog.records if r.name == "rillet.core.quant.rows_kernel"] == ["WARNING"]
+
+
+def test_atens_cpu_cap_keeps_torchs_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ATEN_CPU_CAPABILITY=avx2 (ATen's capability AVX2) the process runs what a CPU without
+    AVX-512 runs: no build is tried, even where the CPU has AVX512-BF16."""
+    from torch.utils import cpp_extension
+
+    def build(*args: object, **kwargs: object) -> None:
+        raise AssertionError("no build under an AVX2 cap")
+
+    monkeypatch.setattr(cpp_extension, "load", build)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert rows_kernel.available.__wrapped__() is False
 
 
 @pytest.mark.parametrize(
