@@ -21,6 +21,23 @@ from tiny_models.st_folders import make_st_folder
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a model folder's path is never looked up on a hub
 
 
+def _inductor_cache_per_isa_cap() -> None:
+    """Inductor's cache key leaves ATEN_CPU_CAPABILITY out (graphs/compile_modes.py
+    set_compile_cache_dir): a run under the AVX2 cap (tests/test_isa_cap.py, or a developer's)
+    and one without it would load each other's kernels from torch's default folder, built for the
+    other vector width, and abort ("double free or corruption"). One folder per cap, as the
+    server keeps under model.cache_dir."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    cap = os.environ.get("ATEN_CPU_CAPABILITY") or "native"
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(default_cache_dir(), f"isa-{cap}")
+
+
+_inductor_cache_per_isa_cap()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (`make test` runs two workers) each worker gets one core: one torch thread
     per worker and per process it starts. Two workers of two threads each would oversubscribe the
