@@ -12,6 +12,8 @@ from rillet.core.attention.base import AttentionMetadata, DecodeMetadata
 from rillet.core.attention.paged_decode import paged_decode_attention
 from rillet.core.attention.torch_backend import TorchAttentionBackend
 
+pytestmark = pytest.mark.isa  # run again under an AVX2 cap (tests/test_isa_cap.py)
+
 BS, HQ, HKV, D, NUM_BLOCKS = 4, 6, 2, 8, 40
 SCALE = D**-0.5
 

@@ -19,6 +19,8 @@ from rillet.core.attention.torch_backend import TorchAttentionBackend
 from rillet.core.determinism.rows import RowPadding
 from test_attention_torch import BS, HKV, HQ, NUM_BLOCKS, SCALE, D
 
+pytestmark = pytest.mark.isa  # run again under an AVX2 cap (tests/test_isa_cap.py)
+
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 
 

@@ -16,6 +16,8 @@ from rillet.core.attention.paged_decode import gather_head_major, gemms_over_con
 from rillet.core.attention.paged_verify import paged_verify_attention
 from test_attention_torch import BS, HKV, HQ, NUM_BLOCKS, SCALE, D, reference
 
+pytestmark = pytest.mark.isa  # run again under an AVX2 cap (tests/test_isa_cap.py)
+
 
 def run(
     rows: list[tuple[int, int]],

@@ -33,6 +33,8 @@ from rillet.core.model.decoder import build_model
 from rillet.core.model.shapes import SHAPES
 from rillet.http.cli import main as cli_main
 
+pytestmark = pytest.mark.isa  # run again under an AVX2 cap (tests/test_isa_cap.py)
+
 ROWS = RowPadding(strict_in_force())
 
 

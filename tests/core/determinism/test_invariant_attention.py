@@ -15,6 +15,8 @@ from rillet.core.attention.invariant import InvariantAttentionBackend
 from rillet.core.determinism.mkl import strict_in_force
 from rillet.core.determinism.rows import RowPadding
 
+pytestmark = pytest.mark.isa  # run again under an AVX2 cap (tests/test_isa_cap.py)
+
 BS, NUM_BLOCKS = 16, 160
 STRICT = strict_in_force()
 

@@ -12,7 +12,10 @@ import torch
 from rillet.core.quant.candidate_head import CandidateHead, onednn_int8_available
 from rillet.core.quant.int4 import Int8Weight, int4_supported
 
-pytestmark = pytest.mark.skipif(not int4_supported(), reason="no CPU int8 head kernel in this torch")
+pytestmark = [
+    pytest.mark.isa,  # run again under an AVX2 cap (tests/test_isa_cap.py)
+    pytest.mark.skipif(not int4_supported(), reason="no CPU int8 head kernel in this torch"),
+]
 ONEDNN = onednn_int8_available(torch.device("cpu"))
 needs_onednn = pytest.mark.skipif(not ONEDNN, reason="no oneDNN int8")
 

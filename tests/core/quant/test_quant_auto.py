@@ -22,6 +22,8 @@ from rillet.core.quant.int4 import Int4Weight, int4_supported
 from rillet.core.quant.select import resolve_quantization
 from rillet.core.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.isa  # run again under an AVX2 cap (tests/test_isa_cap.py)
+
 CPU = torch.device("cpu")
 needs_int4 = pytest.mark.skipif(not int4_supported(), reason="no CPU int4 kernel in this torch")
 Q = gguf.GGMLQuantizationType

@@ -12,7 +12,10 @@ from rillet.core.quant.int4 import GROUP, Int4Weight, Int8Weight, int4_supported
 from rillet.core.quant.select import resolve_dtype
 from rillet.core.sampling_params import SamplingParams
 
-pytestmark = pytest.mark.skipif(not int4_supported(), reason="no CPU int4 kernel in this torch")
+pytestmark = [
+    pytest.mark.isa,  # run again under an AVX2 cap (tests/test_isa_cap.py)
+    pytest.mark.skipif(not int4_supported(), reason="no CPU int4 kernel in this torch"),
+]
 
 
 def q4_1_like(n: int, k: int, seed: int = 0) -> torch.Tensor:

@@ -11,6 +11,8 @@ import torch
 from core_helpers.sampler_rows import CPU, EOS, seq
 from rillet.core.runner.sampler import Sampler
 
+pytestmark = pytest.mark.isa  # run again under an AVX2 cap (tests/test_isa_cap.py)
+
 # a fixed 10-token distribution; indices are already sorted best first
 PROBS = [0.3, 0.2, 0.15, 0.1, 0.08, 0.07, 0.05, 0.03, 0.01, 0.01]
 

@@ -13,6 +13,8 @@ from rillet.core.errors import RequestError
 from rillet.core.runner.sampler import Sampler
 from rillet.core.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.isa  # run again under an AVX2 cap (tests/test_isa_cap.py)
+
 
 def test_logit_bias_bans_and_forces_greedy_and_sampled_rows() -> None:
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(3))

@@ -19,6 +19,8 @@ from rillet.core.runner.logits_processors import (
 )
 from rillet.core.runner.sampler import Sampler
 
+pytestmark = pytest.mark.isa  # run again under an AVX2 cap (tests/test_isa_cap.py)
+
 
 def test_top_k_top_p_keeps_exactly_the_smallest_prefix() -> None:
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [0.0, 0.0, 0.0, 0.0]])
