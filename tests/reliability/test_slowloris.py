@@ -6,7 +6,7 @@ Asserted (mechanism, not speed): every real request completes; the server held t
 connections; the deadlines closed every slow and idle one (the server's counters and the
 attacker's count agree, each slow one got its 408); the log says so at most once per interval;
 the server's descriptors (from /proc) return to the baseline. The TTFT p99 ratio is printed
-here and measured, quiet, by tests/stress/slowloris.py (tests/stress/README.md).
+here and measured, quiet, by bench/stress/slowloris.py (bench/stress/README.md).
 """
 
 from __future__ import annotations
