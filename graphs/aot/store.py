@@ -12,6 +12,10 @@ artifact is logged as a warning, deleted, and reported as a miss, so the caller 
 A build works in `.build-<pid>-*` and saves through `.<graph>.<pid>.*.tmp`; the next build deletes
 those of processes that are gone (a build killed mid-way, e.g. a server stopped during its first
 start), never a live one's.
+
+A save deletes what the new artifact supersedes (the same step and config built by other code or
+another torch: never loaded again) and keeps variants (another KV dtype, model, thread count...),
+which a restart with that config loads.
 """
 
 from __future__ import annotations
@@ -109,10 +113,10 @@ class ArtifactStore:
         return folder / LIBRARY
 
     def _prune(self, key: ArtifactKey) -> None:
-        """Deletes the artifacts `key` supersedes: the same step of the same weights, mode, CPU
-        cap and threads, built by other code or another torch (an upgrade; ~190 MB each for the
-        default model). Variants this host may still start with (other threads, caps) are kept."""
-        same = {"graph", "model", "mode", "isa", "threads"}
+        """Deletes the artifacts `key` supersedes (graphs/aot/key.py SUPERSEDING): its step and
+        config built by other code or another torch (an upgrade; ~190 MB each for the default
+        model). Variants this host may still start with (another KV dtype, thread count, model)
+        are kept."""
         for folder in self.root.glob(f"{key.graph}-*"):
             if folder == self.folder(key):
                 continue
@@ -120,11 +124,10 @@ class ArtifactStore:
                 stored = json.loads((folder / MANIFEST).read_text())["key"]
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # not ours to judge: find() refuses it if its key ever comes up
-            differs = set(key.differs(stored))
-            if differs and not differs & same:
-                logger.info("deleting %s: superseded (other %s)", folder, "/".join(sorted(differs)))
+            if isinstance(stored, dict) and key.supersedes(stored):
+                other = "/".join(key.differs(stored))
+                logger.info("deleting compiled artifact %s: superseded (other %s)", folder, other)
                 shutil.rmtree(folder, ignore_errors=True)
-
 
 def _vouch(path: Path) -> dict[str, object]:
     return {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
