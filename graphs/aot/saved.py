@@ -92,6 +92,7 @@ class SavedSteps:
             n: make_key(n, self.weights_key, shape.layout, shape.code, mode_field + _gemms_field(n))
             for n in names
         }
+        plan.store.hold(self.keys.values())  # this process's steps: never evicted by its own saves
 
     def missing(self, names: Sequence[str] | None = None) -> list[str]:
         wanted = self.keys if names is None else names
