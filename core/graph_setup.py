@@ -21,7 +21,7 @@ from rillet.core.loaders.weights_cache import default_cache_dir
 from rillet.core.model.decoder import DecoderModel, KVCache
 from rillet.core.runner.graph_adapter import DecoderGraphAdapter
 from rillet.graphs.aot.saved import AotPlan
-from rillet.graphs.aot.store import ArtifactStore
+from rillet.graphs.aot.store import GIB, ArtifactStore
 from rillet.graphs.compile_modes import resolve_compile_mode, set_compile_cache_dir
 from rillet.graphs.decode_mode import resolve_decode_mode
 from rillet.graphs.runner import GraphRunner
@@ -114,7 +114,7 @@ def artifact_plan(cfg: RilletConfig, model: DecoderModel, in_process: bool = Fal
         return None
     from rillet.core.compile_process import CompileProcess  # the child's command line, lazily
 
-    store = ArtifactStore(cache_base(cfg) / "compiled")
+    store = ArtifactStore(cache_base(cfg) / "compiled", int(cfg.graphs.artifacts_max_gb * GIB))
     log.info("compiled steps are saved under %s (graphs.artifacts)", store.root)
     if in_process:
         return AotPlan(store)

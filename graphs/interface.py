@@ -110,6 +110,16 @@ class VerifyModel(Protocol):
     def forward_verify(self, batch: VerifyBatch) -> torch.Tensor: ...
 
 
+@dataclass(frozen=True)
+class GraphKey:
+    """What shapes a saved step besides its weights (graphs/aot/key.py): `layout`, what the config
+    decides (architecture, dtypes, attention backend, the KV pool's block layout); `code`, a digest
+    of the source it traces. A new `code` replaces the old step; another `layout` is a variant."""
+
+    layout: str
+    code: str
+
+
 class SavableModel(Protocol):
     """A model whose compiled steps can be saved to disk and loaded by a later process
     (graphs/aot/): the steps are exported with every tensor they write or that varies with the
@@ -120,9 +130,8 @@ class SavableModel(Protocol):
     exported step takes it as a symbol), the other dimensions fixed by the model. The
     `*_with` forwards are DecodeModel's and VerifyModel's over it. `weights_module` holds every
     parameter and buffer the forwards read (they become constants of the compiled code).
-    `graph_key` describes what else shapes the traced code (architecture, dtypes, backend, a
-    digest of the source), or is None when this model cannot be saved (e.g. LoRA buffers, which
-    a step reads but a saved one would freeze)."""
+    `graph_key` describes what else shapes the traced code (a GraphKey), or is None when this
+    model cannot be saved (e.g. LoRA buffers, which a step reads but a saved one would freeze)."""
 
     def step_state(self) -> list[torch.Tensor]: ...
 
@@ -137,7 +146,7 @@ class SavableModel(Protocol):
 
     def forward_verify_with(self, batch: VerifyBatch, state: Sequence[torch.Tensor]) -> torch.Tensor: ...
 
-    def graph_key(self) -> str | None: ...
+    def graph_key(self) -> GraphKey | None: ...
 
     def weights_key(self) -> str: ...
 

@@ -7,6 +7,9 @@ Each run is a fresh process (nothing in memory carries over) over one cache fold
   warm        the folder the cold run filled: a restart
   warm+blocks the same, with another `cache.num_blocks` (the pool size is an input of a saved
               step: nothing is built again)
+With --variant KEY=VALUE (e.g. cache.dtype=int8) the series is instead: cold, the variant (its
+own steps built), then warm: the first config again, whose saved steps the variant's must not
+have deleted (a config switch and back).
 Series: `artifacts` (graphs.artifacts on, the default) and, with --baseline, `torch.compile`
 (graphs.artifacts off: what came before, for the same run).
 
@@ -16,7 +19,8 @@ obtained; the latency of 1-token requests sent every 0.5 s until then (p50, p99,
 sees during a cold compile); the decode step's ms/token at batch 1 once compiled; peak and final
 RSS. Prints a table last, writes JSON.
 
-    nice -n 19 .venv/bin/python -m bench.engine.compile_time [--baseline] [--set KEY=VALUE ...]
+    nice -n 19 .venv/bin/python -m bench.engine.compile_time [--baseline] [--variant KEY=VALUE]
+        [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -97,12 +101,18 @@ def _rss_mib() -> float:
     return float("nan")
 
 
-def run_series(name: str, overrides: list[str]) -> list[dict[str, Any]]:
+def runs(variant: str | None) -> list[tuple[str, list[str]]]:
+    if variant is not None:
+        return [("cold", []), (f"cold {variant}", [variant]), ("warm after it", [])]
+    return [("cold", []), ("warm", []), ("warm+blocks", [f"cache.num_blocks={OTHER_BLOCKS}"])]
+
+
+def run_series(name: str, overrides: list[str], variant: str | None = None) -> list[dict[str, Any]]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="rillet-compile-") as cache:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(Path(cache) / "inductor")}
         base = [*overrides, f"model.cache_dir={cache}"]
-        for run, extra in (("cold", []), ("warm", []), ("warm+blocks", [f"cache.num_blocks={OTHER_BLOCKS}"])):
+        for run, extra in runs(variant):
             cmd = [sys.executable, "-m", "bench.engine.compile_time", "--child"]
             cmd += [f"--set={s}" for s in [*base, *extra]]
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO, check=False)
@@ -119,6 +129,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--set", action="append", default=[], help="rillet config override")
     ap.add_argument("--baseline", action="store_true", help="also graphs.artifacts off (torch.compile)")
+    ap.add_argument("--variant", help="KEY=VALUE: cold, cold with it, then warm without (a switch back)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="bench/out/compile_time.json")
     a = ap.parse_args()
@@ -127,10 +138,10 @@ def main() -> None:
         return
     from bench.lib.common import table, write_json
 
-    rows = run_series("artifacts", [*a.set, "graphs.artifacts=on"])
+    rows = run_series("artifacts", [*a.set, "graphs.artifacts=on"], a.variant)
     if a.baseline:
-        rows += run_series("torch.compile", [*a.set, "graphs.artifacts=off"])
-    write_json(a.out, {"overrides": a.set, "rows": rows})
+        rows += run_series("torch.compile", [*a.set, "graphs.artifacts=off"], a.variant)
+    write_json(a.out, {"overrides": a.set, "variant": a.variant, "rows": rows})
     cols = sorted({c for r in rows for c in r}, key=lambda c: next(i for i, r in enumerate(rows) if c in r))
     print(table(rows, cols))
 

@@ -84,6 +84,10 @@ class GraphConfig:
     # CPU: the compiled step saved as an AOTInductor package under model.cache_dir/compiled and
     # loaded by the next start (graphs/aot/); off: torch.compile at every start
     artifacts: Literal["on", "off"] = "on"
+    # GiB the saved steps may take under model.cache_dir/compiled: a save past it deletes the least
+    # recently used ones (never this process's); 0: no bound. Steps of another config (KV dtype,
+    # model, threads) are kept within it; those of older code or torch are deleted at once
+    artifacts_max_gb: float = 8.0
     # CPU, compiled step: a prefill step whose rows each feed at most this many tokens (a prompt's
     # tail after a prefix-cache hit, a prompt of up to this length) runs through the compiled
     # multi-query step (the speculative verify step's graph, built for this even with speculation
@@ -113,6 +117,7 @@ class GraphConfig:
             f"must be 0 (off) or in 2..{MAX_SHORT_PREFILL}, got {self.short_prefill}",
         )
         check(len(set(self.buckets)) == len(self.buckets), "graphs.buckets", "must not repeat")
+        check(self.artifacts_max_gb >= 0, "graphs.artifacts_max_gb", "must be >= 0 (0: no bound)")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from rillet.core.attention.base import AttentionMetadata, DecodeMetadata, Verify
 from rillet.core.model.decoder import DecoderModel, KVCache
 from rillet.graphs.aot.key import source_digest
 from rillet.graphs.frozen import weights_fingerprint
-from rillet.graphs.interface import DecodeBatch, VerifyBatch
+from rillet.graphs.interface import DecodeBatch, GraphKey, VerifyBatch
 
 
 class DecoderGraphAdapter:
@@ -83,11 +83,12 @@ class DecoderGraphAdapter:
         meta = VerifyMetadata(b.slot_mapping, b.seq_lens, b.query_lens, b.block_tables)
         return self.model(b.input_ids.reshape(-1), b.positions.reshape(-1), self._caches(state), meta)
 
-    def graph_key(self) -> str | None:
+    def graph_key(self) -> GraphKey | None:
         """What shapes a saved step's code besides its weights and its pool's block count: the
         architecture, the model's dtype, the attention backend, the pool's per-block layout and
-        dtypes, and the source of the code it traces. None when a step cannot be saved: a backend
-        that plans on the host, or LoRA buffers (the step reads them; saved, they would freeze)."""
+        dtypes (the layout: a config variant), and the source of the code it traces. None when a
+        step cannot be saved: a backend that plans on the host, or LoRA buffers (the step reads
+        them; saved, they would freeze)."""
         if not self.graph_safe or self.lora is not None:
             return None
         pool = [(str(t.dtype), tuple(t.shape[1:])) for t in _pool_tensors(self.kv_caches[0])]
@@ -97,9 +98,8 @@ class DecoderGraphAdapter:
             self.model.backend.name + self.model.backend.variant,
             repr(pool),
             str(self.block_size),
-            _source(),
         ]
-        return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
+        return GraphKey(hashlib.sha256("|".join(parts).encode()).hexdigest()[:20], _source())
 
     def _caches(self, state: Sequence[torch.Tensor]) -> list[KVCache]:
         per = len(_pool_tensors(self.kv_caches[0]))

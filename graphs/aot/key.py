@@ -8,13 +8,18 @@ on load: a folder copied or renamed into place is refused, not trusted by its na
 
   graph    which step: "decode", "verify-q5" (the verify step with 5 queries a row)
   model    the weights as the compiled code holds them (frozen into constants): their fingerprint
-  code     what shapes the traced graph besides the weights: the model side's description
-           (architecture, dtypes, attention backend) and a digest of the source it traces
+  layout   what the config shapes in the traced graph besides the weights: the model side's
+           description (architecture, dtypes, attention backend, the KV pool's block layout)
+  code     a digest of the source the graph traces or calls
   mode     the torch.compile mode the library was built like, and whether weights were frozen
   torch    torch's version and commit: the library's calling convention and kernels
   isa      the CPU cap ATen and Inductor vectorise for (ATEN_CPU_CAPABILITY lowers it), and the
            CPU's vector flags (an AMX or AVX-512 kernel must not run where they are absent)
   threads  torch's intra-op threads: Inductor writes the OpenMP thread count into the code
+
+`code`, `torch` and `format` are what an upgrade changes (SUPERSEDING): an artifact that differs
+from a new one in those alone is never loaded again (graphs/aot/store.py prunes it). Any other
+field is a variant this host may start with again (another KV dtype, model or thread count).
 """
 
 from __future__ import annotations
@@ -28,7 +33,10 @@ from pathlib import Path
 
 import torch
 
-FORMAT = "rillet-aot-1"  # bump when the library's inputs or the manifest change
+FORMAT = "rillet-aot-2"  # bump when the library's inputs or the manifest change (2: `layout`)
+SUPERSEDING = frozenset({"code", "torch", "format"})
+# the fields every format had: what an artifact of another format is compared on
+EVERY_FORMAT = frozenset({"graph", "model", "mode", "isa", "threads"})
 # /proc/cpuinfo flags that decide which kernels Inductor may emit (x86 vector and matrix units)
 _ISA_FLAG_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4", "vnni")
 
@@ -37,6 +45,7 @@ _ISA_FLAG_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4", "vnni")
 class ArtifactKey:
     graph: str
     model: str
+    layout: str
     code: str
     mode: str
     torch: str
@@ -55,10 +64,18 @@ class ArtifactKey:
         mine = self.fields()
         return [k for k in mine if stored.get(k) != mine[k]]
 
+    def supersedes(self, stored: dict[str, object]) -> bool:
+        """Whether a stored key is this one's older build: differs in SUPERSEDING fields alone.
+        One of another format is judged on EVERY_FORMAT (its other fields meant something else)."""
+        differs = set(self.differs(stored))
+        if "format" in differs:
+            return not differs & EVERY_FORMAT
+        return bool(differs) and differs <= SUPERSEDING
 
-def make_key(graph: str, model: str, code: str, mode: str) -> ArtifactKey:
+
+def make_key(graph: str, model: str, layout: str, code: str, mode: str) -> ArtifactKey:
     """The key of `graph` in this process: the environment's fields filled in here."""
-    return ArtifactKey(graph, model, code, mode, torch_version(), isa(), torch.get_num_threads())
+    return ArtifactKey(graph, model, layout, code, mode, torch_version(), isa(), torch.get_num_threads())
 
 
 def torch_version() -> str:

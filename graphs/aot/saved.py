@@ -80,15 +80,19 @@ class SavedSteps:
         verify: bool = False,
         small_rows: int = 0,
     ) -> None:
-        code = model.graph_key()
-        if code is None:
+        shape = model.graph_key()
+        if shape is None:
             raise ValueError("this model's steps cannot be saved")
         self.model, self.plan, self.mode, self.freeze = model, plan, mode, freeze
         self.weights_key = model.weights_key()  # ~0.1 s per 100 MB of weights
         self.small_rows = small_rows if autotunes_gemms(mode) else 0
         names = [DECODE] + ([VERIFY] if verify else []) + ([DECODE_SMALL] if self.small_rows else [])
         mode_field = f"{mode}{'+frozen' if freeze else ''}"
-        self.keys = {n: make_key(n, self.weights_key, code, mode_field + _gemms_field(n)) for n in names}
+        self.keys = {
+            n: make_key(n, self.weights_key, shape.layout, shape.code, mode_field + _gemms_field(n))
+            for n in names
+        }
+        plan.store.hold(self.keys.values())  # this process's steps: never evicted by its own saves
 
     def missing(self, names: Sequence[str] | None = None) -> list[str]:
         wanted = self.keys if names is None else names

@@ -12,6 +12,13 @@ artifact is logged as a warning, deleted, and reported as a miss, so the caller 
 A build works in `.build-<pid>-*` and saves through `.<graph>.<pid>.*.tmp`; the next build deletes
 those of processes that are gone (a build killed mid-way, e.g. a server stopped during its first
 start), never a live one's.
+
+A save deletes what the new artifact supersedes (the same step and config built by other code or
+another torch: never loaded again) and keeps variants (another KV dtype, model, thread count...),
+which a restart with that config loads. The store is bounded by `max_bytes` instead: past it a
+save evicts the least recently used artifacts first (the manifest's mtime is the last use: set at
+save and at every find that vouches for it), never one this process holds (found, saved, or
+named by `hold`: the steps it serves or builds).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 from rillet.graphs.aot.key import ArtifactKey
@@ -36,11 +44,14 @@ MANIFEST = "manifest.json"
 BUILD_PREFIX = ".build-"  # .build-<pid>-<random>: one build's working folder (build_dir)
 SAVE_SUFFIX = ".tmp"  # .<graph>.<pid>.<random>.tmp: an artifact being saved (save)
 UNNAMED_BUILD_AGE_S = 3600.0  # a build folder without a pid (older rillet) is stale after this
+GIB = 1 << 30
 
 
 class ArtifactStore:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, max_bytes: int = 0) -> None:
         self.root = root
+        self.max_bytes = max_bytes  # the artifacts' bound (graphs.artifacts_max_gb); 0: none
+        self._held: set[Path] = set()  # folders this process uses: never evicted
 
     def folder(self, key: ArtifactKey) -> Path:
         return self.root / f"{key.graph}-{key.digest()}"
@@ -52,9 +63,17 @@ class ArtifactStore:
             return None
         problem = _problem(folder, key)
         if problem is None:
+            self._held.add(folder)
+            with contextlib.suppress(OSError):  # a read-only store (an image's) keeps no use
+                os.utime(folder / MANIFEST)
             return folder / LIBRARY
         self.discard(key, problem)
         return None
+
+    def hold(self, keys: Iterable[ArtifactKey]) -> None:
+        """Marks the artifacts of `keys` as this process's (saved or not yet): never evicted by
+        its saves, e.g. a build's first step while it saves the second."""
+        self._held.update(self.folder(key) for key in keys)
 
     def discard(self, key: ArtifactKey, why: str) -> None:
         """Deletes the artifact of `key`, with a warning saying why (it is rebuilt)."""
@@ -105,14 +124,16 @@ class ArtifactStore:
         finally:
             with contextlib.suppress(OSError):
                 shutil.rmtree(tmp)
+        self._held.add(folder)
         self._prune(key)
+        self._bound()
         return folder / LIBRARY
 
     def _prune(self, key: ArtifactKey) -> None:
-        """Deletes the artifacts `key` supersedes: the same step of the same weights, mode, CPU
-        cap and threads, built by other code or another torch (an upgrade; ~190 MB each for the
-        default model). Variants this host may still start with (other threads, caps) are kept."""
-        same = {"graph", "model", "mode", "isa", "threads"}
+        """Deletes the artifacts `key` supersedes (graphs/aot/key.py SUPERSEDING): its step and
+        config built by other code or another torch (an upgrade; ~190 MB each for the default
+        model). Variants this host may still start with (another KV dtype, thread count, model)
+        are kept: the size bound (`_bound`) limits them."""
         for folder in self.root.glob(f"{key.graph}-*"):
             if folder == self.folder(key):
                 continue
@@ -120,10 +141,55 @@ class ArtifactStore:
                 stored = json.loads((folder / MANIFEST).read_text())["key"]
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # not ours to judge: find() refuses it if its key ever comes up
-            differs = set(key.differs(stored))
-            if differs and not differs & same:
-                logger.info("deleting %s: superseded (other %s)", folder, "/".join(sorted(differs)))
+            if isinstance(stored, dict) and key.supersedes(stored):
+                other = "/".join(key.differs(stored))
+                logger.info("deleting compiled artifact %s: superseded (other %s)", folder, other)
                 shutil.rmtree(folder, ignore_errors=True)
+
+    def _bound(self) -> None:
+        """Evicts the least recently used artifacts until they take at most `max_bytes`, none
+        that this process holds (a warning when those alone are over it)."""
+        if not self.max_bytes:
+            return
+        artifacts = sorted(_artifacts(self.root))
+        total = sum(size for _, size, _ in artifacts)
+        for used, size, folder in artifacts:
+            if total <= self.max_bytes:
+                return
+            if folder in self._held:
+                continue
+            logger.info(
+                "evicting compiled artifact %s (%.0f MiB, last used %s): the saved steps take "
+                "%.2f GiB, over graphs.artifacts_max_gb %.2f; the least recently used goes first",
+                folder,
+                size / (1 << 20),
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(used)),
+                total / GIB,
+                self.max_bytes / GIB,
+            )
+            shutil.rmtree(folder, ignore_errors=True)
+            total -= size
+        if total > self.max_bytes:
+            logger.warning(
+                "the compiled steps in use take %.2f GiB, over graphs.artifacts_max_gb %.2f: kept",
+                total / GIB,
+                self.max_bytes / GIB,
+            )
+
+
+def _artifacts(root: Path) -> list[tuple[float, int, Path]]:
+    """(last use, bytes, folder) of each artifact under `root` (a folder with a manifest)."""
+    found = []
+    for folder in root.iterdir():
+        if folder.name.startswith(".") or not folder.is_dir():
+            continue  # builds and saves in progress (swept), build.log
+        try:
+            used = (folder / MANIFEST).stat().st_mtime
+            size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+        except OSError:  # no manifest (not ours), or deleted meanwhile by another process
+            continue
+        found.append((used, size, folder))
+    return found
 
 
 def _vouch(path: Path) -> dict[str, object]:

@@ -11,6 +11,7 @@ again (here by a stand-in builder that puts the good copy back, so no second com
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -30,7 +31,7 @@ from rillet.core.llm import LLM
 from rillet.core.loaders.weights_cache import default_cache_dir
 from rillet.core.runner.model_runner import ModelRunner
 from rillet.core.sampling_params import SamplingParams
-from rillet.graphs.aot.key import make_key
+from rillet.graphs.aot.key import ArtifactKey, make_key
 from rillet.graphs.aot.saved import AotPlan
 from rillet.graphs.aot.store import LIBRARY, MANIFEST, ArtifactStore
 from rillet.graphs.compiled import CompiledDecode
@@ -94,6 +95,16 @@ def _config(built: Built, **changes: Any) -> RilletConfig:
 @pytest.fixture(scope="module")
 def served(built: Built) -> Iterator[tuple[LLM, GraphRunner, list[str]]]:
     """The engine started on the saved steps, and what it logged while it got them."""
+    llm, gr, lines = _start(_config(built, **{"cache.num_blocks": SERVE_BLOCKS}))
+    try:
+        yield llm, gr, lines
+    finally:
+        llm.close()
+
+
+def _start(cfg: RilletConfig) -> tuple[LLM, GraphRunner, list[str]]:
+    """An engine started on `cfg` once its compiled step is in use, and what it logged meanwhile;
+    no graph compiled in this process."""
     lines: list[str] = []
     handler = _Lines(lines)
     rillet_log = logging.getLogger("rillet")
@@ -101,21 +112,21 @@ def served(built: Built) -> Iterator[tuple[LLM, GraphRunner, list[str]]]:
     rillet_log.setLevel(logging.INFO)
     rillet_log.addHandler(handler)
     graphs = int(counters["stats"]["unique_graphs"])
+    llm = LLM(cfg)
     try:
-        llm = LLM(_config(built, **{"cache.num_blocks": SERVE_BLOCKS}))
         runner = llm.engine.core.runner
         assert isinstance(runner, ModelRunner) and runner.graph_runner is not None
         gr = runner.graph_runner
         assert gr.compiled is not None and gr.compiled.wait(timeout=300), "no compiled step"
+        assert gr.compiled.failed is None, gr.compiled.failed
+        assert int(counters["stats"]["unique_graphs"]) == graphs, "dynamo compiled a graph"
+    except BaseException:
+        llm.close()
+        raise
     finally:
         rillet_log.removeHandler(handler)
         rillet_log.setLevel(level)
-    assert gr.compiled.failed is None, gr.compiled.failed
-    assert int(counters["stats"]["unique_graphs"]) == graphs, "dynamo compiled a graph"
-    try:
-        yield llm, gr, lines
-    finally:
-        llm.close()
+    return llm, gr, lines
 
 
 class _Lines(logging.Handler):
@@ -179,6 +190,25 @@ def test_saved_steps_give_the_eager_tokens(served: tuple[LLM, GraphRunner, list[
         assert gr.num_replays > replays and gr.num_verify_runs > verifies, n
 
 
+def test_a_config_switch_and_back_loads_the_saved_steps(built: Built, tmp_path: Path) -> None:
+    """Default, then another config (`cache.dtype=int8`: another KV layout), then the default
+    again: the third start loads its saved steps. The variant's steps are put in place as its
+    compile child would (ArtifactStore.save), from copies of the built libraries: no compile."""
+    store = ArtifactStore(tmp_path / "compiled")
+    shutil.copytree(built.cache / "compiled", store.root)
+    manifests = [json.loads((f / MANIFEST).read_text()) for f in store.root.glob("*-*")]
+    built_keys = [ArtifactKey(**m["key"]) for m in manifests]
+    for key in built_keys:
+        shutil.copy(store.folder(key) / LIBRARY, tmp_path / "variant.so")
+        store.save(dataclasses.replace(key, layout="kv-int8"), tmp_path / "variant.so", 1.0)
+    assert all(store.folder(key).exists() for key in built_keys)
+    llm, _, lines = _start(_config(built, **{"model.cache_dir": tmp_path}))
+    llm.close()
+    text = "\n".join(lines)
+    assert "decode step: loaded the compiled artifact" in text and "verify step: loaded" in text
+    assert "building compiled steps" not in text
+
+
 def test_compiling_again_builds_nothing(built: Built) -> None:
     said: list[str] = []
     assert compile_artifacts(_config(built), said.append) == []
@@ -200,8 +230,6 @@ def _flip(folder: Path) -> None:
 
 def _manifest_says(field: str, value: str) -> Any:
     def forge(folder: Path) -> None:
-        import json
-
         manifest = json.loads((folder / MANIFEST).read_text())
         manifest["key"][field] = value
         (folder / MANIFEST).write_text(json.dumps(manifest))
@@ -268,39 +296,19 @@ def test_a_damaged_artifact_is_refused_and_rebuilt(
     assert store.find(make_key("decode", *_key_fields(damaged))) is not None  # the rebuilt one
 
 
-def _key_fields(folder: Path) -> tuple[str, str, str]:
-    import json
-
+def _key_fields(folder: Path) -> tuple[str, str, str, str]:
     key = json.loads((folder / MANIFEST).read_text())["key"]
-    return key["model"], key["code"], key["mode"]
+    return key["model"], key["layout"], key["code"], key["mode"]
 
 
 def test_the_key_changes_with_the_isa_cap_and_the_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    base = make_key("decode", "w", "c", "m")
+    base = make_key("decode", "w", "l", "c", "m")
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
-    assert make_key("decode", "w", "c", "m").digest() != base.digest()
+    assert make_key("decode", "w", "l", "c", "m").digest() != base.digest()
     monkeypatch.delenv("ATEN_CPU_CAPABILITY")
     threads = torch.get_num_threads()
     torch.set_num_threads(threads + 1)
     try:
-        assert make_key("decode", "w", "c", "m").differs(base.fields()) == ["threads"]
+        assert make_key("decode", "w", "l", "c", "m").differs(base.fields()) == ["threads"]
     finally:
         torch.set_num_threads(threads)
-
-
-def test_saving_deletes_what_it_supersedes(tmp_path: Path) -> None:
-    """A step built by new code replaces the old code's artifact of the same weights; one of
-    another thread count stays (the host may start with it again)."""
-    store = ArtifactStore(tmp_path)
-    old = make_key("decode", "w", "old-code", "m")
-    other_threads = dataclasses.replace(old, threads=old.threads + 1)
-    for key in (old, other_threads):
-        lib = tmp_path / "lib.so"
-        lib.write_bytes(b"x")
-        store.save(key, lib, 1.0)
-    new = make_key("decode", "w", "new-code", "m")
-    lib = tmp_path / "lib.so"
-    lib.write_bytes(b"y")
-    store.save(new, lib, 1.0)
-    assert store.find(new) is not None and store.find(other_threads) is not None
-    assert not store.folder(old).exists()

@@ -15,7 +15,7 @@ from rillet.core.sampling_params import SamplingParams
 from rillet.graphs.aot.saved import DECODE, DECODE_SMALL, VERIFY, AotPlan, SavedSteps
 from rillet.graphs.aot.step import AUTO_SMALL_BATCH, ByRows, small_batch_rows
 from rillet.graphs.aot.store import ArtifactStore
-from rillet.graphs.interface import DecodeBatch
+from rillet.graphs.interface import DecodeBatch, GraphKey
 
 pytestmark = [pytest.mark.compiled, pytest.mark.artifacts]  # the saved-steps path (tests/conftest.py)
 
@@ -23,8 +23,8 @@ PROMPTS = [[(5 * i + 2 * k) % 200 + 1 for k in range(4 + i)] * 2 for i in range(
 
 
 class _Model:
-    def graph_key(self) -> str:
-        return "code"
+    def graph_key(self) -> GraphKey:
+        return GraphKey("layout", "code")
 
     def weights_key(self) -> str:
         return "weights"

@@ -165,7 +165,7 @@ def test_a_saved_step_calls_the_kernel_through_its_extern_nodes(tmp_path: Path) 
     library = build_library(program, "default", None, tmp_path)
     assert library.with_suffix(".json").exists()
     store = ArtifactStore(tmp_path / "store")
-    saved = store.save(make_key("decode", "w", "c", "m"), library, 1.0)
+    saved = store.save(make_key("decode", "w", "l", "c", "m"), library, 1.0)
     assert (saved.parent / EXTERN).exists()
     run, _ = load_library(saved)
     for batch in (x, x[:1]):
