@@ -24,15 +24,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a model folder's path is never l
 def _inductor_cache_per_isa_cap() -> None:
     """Inductor's cache key leaves ATEN_CPU_CAPABILITY out (graphs/compile_modes.py
     set_compile_cache_dir): a run under the AVX2 cap (tests/test_isa_cap.py, or a developer's)
-    and one without it would load each other's kernels from torch's default folder, built for the
-    other vector width, and abort ("double free or corruption"). One folder per cap, as the
-    server keeps under model.cache_dir."""
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        return
+    and one without it would load each other's kernels, built for the other vector width, and
+    abort ("double free or corruption") or compute garbage. One folder per cap under the one torch
+    would use (TORCHINDUCTOR_CACHE_DIR, set on some machines, or torch's default), as the server
+    keeps under model.cache_dir; xdist's workers inherit the controller's choice."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    cap = os.environ.get("ATEN_CPU_CAPABILITY") or "native"
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(default_cache_dir(), f"isa-{cap}")
+    folder = f"isa-{os.environ.get('ATEN_CPU_CAPABILITY') or 'native'}"
+    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
+    if os.path.basename(os.path.normpath(base)) != folder:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(base, folder)
 
 
 _inductor_cache_per_isa_cap()
