@@ -3,9 +3,11 @@ better waiting ones displace when every batch place is taken.
 
 A sequence's key is (effective priority, arrival, seq id), lower first: the request's `priority`
 (vLLM's convention: lower runs first, default 0) less one for every `scheduler.max_wait_s` since it
-arrived (aging, against starvation: a request of priority p waits behind a stream of priority q < p
-for at most (p - q + 1) * max_wait_s). Arrival breaks ties, so at equal priority it is first come,
-first served, and a preempted sequence (which keeps its arrival) goes back ahead of later ones.
+arrived (aging, against starvation: a request of priority p behind a steady stream of priority
+q < p is passed only by requests up to about (p - q + 1) * max_wait_s younger than it, then runs
+ahead of the rest). Aging counts from arrival for waiting and running sequences alike, so it
+changes only old against young. Arrival breaks ties, so at equal priority it is first come, first
+served, and a preempted sequence (which keeps its arrival) goes back ahead of later ones.
 
 The waiting queue stays sorted: a sequence entering it is inserted at its place (O(log n) probes),
 and the queue is sorted again only once some waiting sequence's age crosses a step of max_wait_s
