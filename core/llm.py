@@ -89,7 +89,7 @@ class LLM:
         loras = [lora] * len(prompts) if lora is None or isinstance(lora, str) else list(lora)
         if len(loras) != len(prompts):
             raise ValueError("lora: need one adapter name (or None) per prompt, or a single one")
-        prios = [priority] * len(prompts) if isinstance(priority, int) else list(priority)
+        prios = list(priority) if isinstance(priority, Sequence) else [priority] * len(prompts)
         if len(prios) != len(prompts):
             raise ValueError("priority: need one per prompt, or a single one")
         results: dict[str, RequestOutput] = {}

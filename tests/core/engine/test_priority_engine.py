@@ -11,6 +11,8 @@ import itertools
 import pytest
 from rillet.core.config import config_from_dict
 from rillet.core.engine.core import EngineCore
+from rillet.core.errors import RequestError
+from rillet.core.llm import LLM
 from rillet.core.runtime import Runtime, load_runtime
 from rillet.core.sampling_params import SamplingParams as P
 from rillet.core.sequence import FinishReason, Seq
@@ -87,3 +89,17 @@ def test_a_displaced_low_priority_choice_completes_with_its_tokens_alone(
     assert finished.index("high/0") < finished.index("low/1")  # it ran in low/1's place
     assert got[("low", 0)] == got[("low", 1)] == alone[("low", 0)]
     assert len(got[("high", 0)]) == GREEDY.max_tokens
+
+
+def test_the_engine_refuses_a_priority_under_fcfs_naming_it() -> None:
+    """As vLLM: under fcfs a priority other than 0 is refused before anything is queued; and a
+    priority that is not an integer under either policy."""
+    cfg = config_from_dict({"model": TINY, "graphs": {"compile_mode": "none"}, "cache": {"num_blocks": 16}})
+    with LLM(cfg) as llm:
+        for bad in (1, True, 1.0):
+            with pytest.raises(RequestError) as err:
+                llm.generate([[5, 9, 14]], GREEDY, priority=bad)  # type: ignore[arg-type]
+            assert err.value.param == "priority"
+        assert llm.engine.core.num_waiting == 0
+        out = llm.generate([[5, 9, 14]], P(max_tokens=2, temperature=0.0), priority=0)
+        assert len(out[0].outputs[0].token_ids) == 2
