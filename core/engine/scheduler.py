@@ -23,9 +23,9 @@ in the stacked buffers (resident, free, or an idle one's to take); the slot is h
 Base-model sequences behind one that waits for a slot are admitted past it.
 New placements travel with the batch (`lora_writes`) for the runner to copy before the step.
 scheduler.policy priority (core/engine/priority.py): "admission order" and "arrival order" above
-read (priority, arrival); before step 1, better waiting sequences take the batch places of worse
-running ones (those are preempted as for blocks), and the sequence preempted for blocks is the
-worst priority, then the latest arrival.
+read (priority, arrival); at the top of a step, better waiting sequences take the batch places of
+worse running ones (those are preempted as for blocks), and the sequence preempted for blocks is
+the worst priority, then the latest arrival.
 No tensors and no CUDA here: the scheduler is plain Python and unit-tested on CPU.
 """
 
