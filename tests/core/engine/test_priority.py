@@ -5,6 +5,7 @@ preempted first for blocks, aging by scheduler.max_wait_s; fcfs keeps arrival or
 from __future__ import annotations
 
 from rillet.core.config import SchedulerConfig
+from rillet.core.embedding import EmbedParams
 from rillet.core.engine.block_manager import BlockManager
 from rillet.core.engine.priority import PriorityOrder
 from rillet.core.engine.scheduler import ScheduledBatch, Scheduler
@@ -266,3 +267,22 @@ def test_n_copies_and_mixed_priorities_under_block_pressure_all_complete() -> No
     run_all(s, clock)
     assert s.preemptions > 0
     assert all(len(q.output_ids) == q.params.max_tokens for q in rest)
+
+
+def test_an_embedding_mid_prefill_keeps_its_place() -> None:
+    """Embeddings are prompt-only and leave within a few steps: a better chat request waits for
+    their place instead of making them recompute."""
+    clock = Clock()
+    s = make(clock, seqs=1, tokens=16)
+    emb = new(clock, 0, 0, prompt_len=40, max_tokens=1)
+    emb.embed = EmbedParams(None, False, False)
+    s.add(emb)
+    fake_step(s, s.schedule())  # its first 16-token chunk
+    chat = new(clock, 1, -5)
+    s.add(chat)
+    batch = s.schedule()
+    assert not batch.preempted and batch.seqs == [emb]
+    order: list[Seq] = []
+    fake_step(s, batch)
+    run_all(s, clock, order)
+    assert order[-1] is chat and emb.num_preemptions == 0
