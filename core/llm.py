@@ -74,9 +74,11 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         n: int = 1,
         lora: str | Sequence[str | None] | None = None,
+        priority: int | Sequence[int] = 0,
     ) -> list[RequestOutput]:
         """All prompts are submitted at once, so they run batched; results in prompt order.
-        `lora`: a loaded LoRA adapter's name for every prompt, or one name (or None) per prompt."""
+        `lora`: a loaded LoRA adapter's name for every prompt, or one name (or None) per prompt;
+        `priority`: one for every prompt, or one per prompt (lower first, scheduler.policy priority)."""
         plist: list[SamplingParams]
         if params is None or isinstance(params, SamplingParams):
             plist = [params or SamplingParams()] * len(prompts)
@@ -87,13 +89,16 @@ class LLM:
         loras = [lora] * len(prompts) if lora is None or isinstance(lora, str) else list(lora)
         if len(loras) != len(prompts):
             raise ValueError("lora: need one adapter name (or None) per prompt, or a single one")
+        prios = list(priority) if isinstance(priority, Sequence) else [priority] * len(prompts)
+        if len(prios) != len(prompts):
+            raise ValueError("priority: need one per prompt, or a single one")
         results: dict[str, RequestOutput] = {}
         requests: list[NewRequest] = []
-        for prompt, p, adapter in zip(prompts, plist, loras, strict=True):
+        for prompt, p, adapter, prio in zip(prompts, plist, loras, prios, strict=True):
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
             rid = uuid.uuid4().hex
             results[rid] = RequestOutput(rid, ids, [CompletionOutput(i) for i in range(n)])
-            requests.append(NewRequest(rid, ids, p, n=n, lora=adapter))
+            requests.append(NewRequest(rid, ids, p, n=n, lora=adapter, priority=prio))
         self.engine.add_requests(requests)  # one inbox item: the first step sees them all
         self._collect(results)
         return [results[r.request_id] for r in requests]

@@ -34,6 +34,7 @@ _FLAG_KEYS = {
     "served_model_name": "model.served_name",
     "max_model_len": "model.max_model_len",
     "tensor_parallel_size": "parallel.tensor_parallel_size",
+    "scheduling_policy": "scheduler.policy",
 }
 
 
@@ -70,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-model-len", type=int, metavar="N", help="(= --set model.max_model_len=N)")
     serve.add_argument(
         "--tensor-parallel-size", type=int, metavar="N", help="(= --set parallel.tensor_parallel_size=N)"
+    )
+    serve.add_argument(
+        "--scheduling-policy", metavar="P", help="fcfs | priority (= --set scheduler.policy=P)"
     )
     serve.add_argument(
         "--lora-modules",

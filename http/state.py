@@ -74,6 +74,7 @@ class ServerState:
             max_tool_calls=cfg.structured.max_tool_calls,
             grammar_repetition_penalty=cfg.structured.repetition_penalty,
             adapters=getattr(engine, "lora", None) or frozenset(),  # the live registry (core/lora/)
+            priorities=cfg.scheduler.policy == "priority",
         )
         disp = Dispatcher(
             engine.ring,

@@ -13,6 +13,7 @@ PrefillBackendName = Literal["auto", "torch", "flashinfer", "xformers"]
 # >= 12.3, head dims 64/128) whenever the longest query in the step exceeds 64 tokens.
 FlashinferPrefillKernels = Literal["fa2", "fa3", "auto"]
 CompileMode = Literal["auto", "none", "default", "reduce-overhead", "max-autotune-no-cudagraphs"]
+SchedulingPolicy = Literal["fcfs", "priority"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,13 @@ class SchedulerConfig:
     # at most 1 - share of its speed, less the mixed steps' own cost: 0.2 measured 0.80-0.82x alone
     # (on the issue's 0.8 line), 0.15 0.81-0.86x (bench/serving/embeddings.py)
     embed_share: float = 0.15
+    # fcfs: arrival order (a request's `priority` other than 0 is refused, as vLLM does); priority:
+    # waiting requests by (priority, arrival), lower first, a better one taking a worse running
+    # one's batch place (core/engine/priority.py)
+    policy: SchedulingPolicy = "fcfs"
+    # policy priority: a request's priority improves by one for every max_wait_s it has been in the
+    # engine, so a low one is not starved by a stream of better ones; None: no aging (vLLM's)
+    max_wait_s: float | None = 30.0
 
     def __post_init__(self) -> None:
         check(self.max_num_seqs >= 1, "scheduler.max_num_seqs", "must be >= 1")
@@ -36,6 +44,16 @@ class SchedulerConfig:
         )
         check(self.max_waiting >= 1, "scheduler.max_waiting", "must be >= 1")
         check(0 < self.embed_share <= 1, "scheduler.embed_share", "must be in (0, 1]")
+        check(
+            self.policy in get_args(SchedulingPolicy),
+            "scheduler.policy",
+            f"must be fcfs or priority, got {self.policy!r}",
+        )
+        check(
+            self.max_wait_s is None or self.max_wait_s > 0,
+            "scheduler.max_wait_s",
+            f"must be > 0 or null (no aging), got {self.max_wait_s}",
+        )
 
 
 MAX_OVERLAP_DEPTH = 2

@@ -26,8 +26,13 @@ _EMBED_SAMPLING = SamplingParams(max_tokens=1, temperature=0.0)
 
 
 class Admission:
-    def __init__(self, rt: Runtime, grammars: GrammarCompiler | None, no_grammar: str) -> None:
+    def __init__(
+        self, rt: Runtime, grammars: GrammarCompiler | None, no_grammar: str, priorities: bool = False
+    ) -> None:
+        """`priorities`: scheduler.policy is priority (under fcfs a priority other than 0 is
+        refused, as vLLM refuses it: the client asked for an order it would not get)."""
         self.model_name = rt.model_name
+        self.priorities = priorities
         self.tasks = rt.tasks
         self.max_model_len = rt.max_model_len
         self.lora = rt.lora  # LoRA adapters by name (None: the model serves none)
@@ -46,6 +51,7 @@ class Admission:
         adapter = self.adapter(r.lora) if r.lora is not None else None
         if "generate" not in self.tasks:
             raise RequestError("model", f"{self.model_name} is an embedding model (model.task: embed)")
+        self._check_priority(r.priority)
         prompt_ids, params = r.prompt_ids, r.params
         if not prompt_ids:
             raise RequestError("prompt", "must contain at least one token")
@@ -61,6 +67,14 @@ class Admission:
                 "logit_bias", f"holds token id {params.logit_bias[-1][0]} outside the vocabulary"
             )
         return adapter
+
+    def _check_priority(self, priority: object) -> None:
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise RequestError("priority", f"must be an integer, got {priority!r}")
+        if priority and not self.priorities:
+            raise RequestError(
+                "priority", f"is {priority} but priority scheduling is off (scheduler.policy: fcfs)"
+            )
 
     def _check_ids(self, param: str, ids: list[int]) -> None:
         """Every id indexes the model's embeddings: a tokenizer larger than the model (a folder
@@ -81,6 +95,7 @@ class Admission:
                 p = SamplingParams(**{**p.__dict__, "seed": p.seed + i})
             seq = Seq(next(self._seq_ids), r.request_id, list(r.prompt_ids), p, index=i, deadline=r.deadline)
             seq.leader = seqs[0] if seqs else None
+            seq.priority = r.priority
             if p.prompt_logprobs is not None and i == 0:
                 seq.prompt_lps = []
             seq.lora = adapter

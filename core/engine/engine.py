@@ -94,7 +94,8 @@ class Engine:
         if "generate" in rt.tasks:
             vocab = rt.arch.vocab_size if rt.arch is not None else None
             grammars, no_grammar = attach_structured(self.cfg.structured, rt.tokenizer, rt.runner, vocab)
-        self.admission = Admission(rt, grammars, no_grammar)
+        priorities = self.cfg.scheduler.policy == "priority"
+        self.admission = Admission(rt, grammars, no_grammar, priorities)
         a = self.admission  # what the HTTP layer and the offline API read of the model
         self.model_name, self.max_model_len, self.tasks = a.model_name, a.max_model_len, a.tasks
         self.lora, self.embedding_size, self.grammars = a.lora, a.embedding_size, a.grammars
@@ -176,9 +177,11 @@ class Engine:
         n: int = 1,
         deadline: float | None = None,
         lora: str | None = None,
+        priority: int = 0,
     ) -> None:
-        """`lora`: the name of a loaded LoRA adapter (AdapterError NOT_FOUND if there is none)."""
-        self.add_requests([NewRequest(request_id, prompt_ids, params, n, deadline, lora)])
+        """`lora`: the name of a loaded LoRA adapter (AdapterError NOT_FOUND if there is none);
+        `priority`: lower runs first under scheduler.policy priority (0 only under fcfs)."""
+        self.add_requests([NewRequest(request_id, prompt_ids, params, n, deadline, lora, priority)])
 
     def add_requests(self, requests: Sequence[NewRequest]) -> None:
         """Several requests queued as one: the engine thread takes them all before its next step,

@@ -34,6 +34,7 @@ class NewRequest(NamedTuple):
     n: int = 1
     deadline: float | None = None
     lora: str | None = None
+    priority: int = 0  # lower first under scheduler.policy priority; fcfs refuses any other than 0
 
 
 class NewEmbedding(NamedTuple):

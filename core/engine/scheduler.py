@@ -22,6 +22,10 @@ LoRA (core/lora/slots.py): a sequence of an adapter is admitted only once its ad
 in the stacked buffers (resident, free, or an idle one's to take); the slot is held while it runs.
 Base-model sequences behind one that waits for a slot are admitted past it.
 New placements travel with the batch (`lora_writes`) for the runner to copy before the step.
+scheduler.policy priority (core/engine/priority.py): "admission order" and "arrival order" above
+read (priority, arrival); at the top of a step, better waiting sequences take the batch places of
+worse running ones (those are preempted as for blocks), and the sequence preempted for blocks is
+the worst priority, then the latest arrival.
 No tensors and no CUDA here: the scheduler is plain Python and unit-tested on CPU.
 """
 
@@ -32,6 +36,7 @@ from dataclasses import dataclass, field
 
 from rillet.core.config import SchedulerConfig
 from rillet.core.engine.block_manager import BlockManager
+from rillet.core.engine.priority import PriorityOrder
 from rillet.core.lora.slots import SlotTable, SlotWrite
 from rillet.core.sequence import FinishReason, Seq, SeqStatus
 
@@ -67,11 +72,16 @@ class Scheduler:
         self.lora_slots: SlotTable | None = None  # set when the model serves LoRA adapters
         self._lora_writes: list[SlotWrite] = []  # placements not yet handed to a batch
         self.preemptions = 0  # sequences preempted since start (/metrics)
+        # scheduler.policy priority: keeps `waiting` and `running` in priority order; None: fcfs
+        self.order = PriorityOrder(cfg.max_wait_s) if cfg.policy == "priority" else None
 
     # ---- queue management --------------------------------------------------------------------
     def add(self, seq: Seq) -> None:
         seq.status = SeqStatus.WAITING
-        self._queue(seq).append(seq)
+        if self.order is not None and seq.embed is None:
+            self.order.insert(self.waiting, seq)
+        else:
+            self._queue(seq).append(seq)
 
     def _queue(self, seq: Seq) -> deque[Seq]:
         return self.waiting if seq.embed is None else self.waiting_embed
@@ -106,14 +116,23 @@ class Scheduler:
         batch = ScheduledBatch()
         budget = self.cfg.max_num_batched_tokens
         room = self._embed_room()
+        if self.order is not None:
+            self._displace(self.order, batch)
+        displaced = len(batch.preempted)
         budget, room = self._schedule_running(batch, budget, room)
-        if not batch.preempted:
+        if len(batch.preempted) == displaced:  # no one was preempted for blocks
             budget = self._admit_waiting(self.waiting, batch, budget, None)
             if self.waiting_embed:
                 self._admit_waiting(self.waiting_embed, batch, budget, room)
         if self._lora_writes and batch.seqs:  # kept for the next launched step otherwise
             batch.lora_writes, self._lora_writes = self._lora_writes, []
         return batch
+
+    def _displace(self, order: PriorityOrder, batch: ScheduledBatch) -> None:
+        order.tick(self.waiting, self.running)
+        for victim in order.displaced(self.waiting, self.running, self.cfg.max_num_seqs):
+            self._preempt(victim)
+            batch.preempted.append(victim)
 
     @property
     def has_generation(self) -> bool:
@@ -231,7 +250,10 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         seq.num_preemptions += 1
         self.preemptions += 1
-        self._queue(seq).appendleft(seq)
+        if self.order is not None and seq.embed is None:
+            self.order.insert(self.waiting, seq)  # at its place: it keeps its arrival
+        else:
+            self._queue(seq).appendleft(seq)
 
 
 def _with_draft(seq: Seq, n: int, budget: int) -> int:

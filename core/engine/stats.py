@@ -35,7 +35,9 @@ class EngineStats:
     spec_accepted: int = 0  # ... of them accepted
     spec_verified: int = 0  # sequence-steps that verified a draft (each also gains the model's token)
     kv_tokens_total: int = 0  # tokens the pool holds: kv_blocks_total x block_size (cache.dtype sizes it)
-    preemptions: int = 0  # sequences preempted for KV blocks (their KV recomputed when readmitted)
+    # sequences preempted for KV blocks, or for a better request's batch place (scheduler.policy
+    # priority); their KV recomputed when readmitted
+    preemptions: int = 0
     deterministic: bool = False  # engine.deterministic on (resolved at start-up)
     # CUDA (core/runner/inflight/device_timeline.py): the device's span of each step, and its idle time
     # between steps while the next one was due (the host launched it late)

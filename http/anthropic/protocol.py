@@ -3,7 +3,8 @@
 Read and used: `model`, `max_tokens` (required, as Anthropic), `messages`, `system`,
 `stop_sequences`, `temperature`, `top_p`, `top_k` (the SDK passes these through `extra_body`),
 `stream`, `tools`, `tool_choice`, `output_config.format` (`json_schema`: constrained as chat's
-`response_format`), and the extension `ignore_eos`. Accepted and ignored: `metadata`, `thinking`
+`response_format`), and the extensions `ignore_eos` and `priority` (vLLM's, scheduler.policy
+priority; http/openai/priority.py). Accepted and ignored: `metadata`, `thinking`
 (the model does not think), `output_config.effort`, `service_tier`, `cache_control` (the prefix
 cache is automatic), `inference_geo`, `speed`. Refused with a 400: `container`, `mcp_servers`,
 server tools, image and document blocks, a final assistant message (prefill).
@@ -23,7 +24,7 @@ from rillet.http.openai.protocol import GenRequest, Limits, chat_request, check_
 from rillet.http.openai.response_format import schema_text
 from rillet.http.openai.tool_prompt import render_chat_ids
 
-_SAMPLING = ("temperature", "top_p", "top_k", "max_tokens", "stream", "ignore_eos")
+_SAMPLING = ("temperature", "top_p", "top_k", "max_tokens", "stream", "ignore_eos", "priority")
 _REFUSED = ("container", "mcp_servers")
 
 

@@ -190,7 +190,8 @@ def engine_samples(stats: Any, wakeups: int, active_streams: int) -> list[Sample
         ("rillet_engine_steps", "Engine steps run", "counter", stats.steps),
         (
             "rillet_num_preemptions",
-            "Sequences preempted for KV blocks (freed, recomputed when readmitted)",
+            "Sequences preempted for KV blocks or a better priority's batch place (freed, recomputed "
+            "when readmitted)",
             "counter",
             stats.preemptions,
         ),

@@ -30,6 +30,7 @@ from rillet.http.openai.fields import (
     opt_str,
     type_name,
 )
+from rillet.http.openai.priority import parse_priority
 from rillet.http.openai.response_format import parse_response_format
 from rillet.http.openai.sampling import fit_context, sampling_params
 from rillet.http.openai.tool_prompt import render_chat_ids
@@ -68,6 +69,7 @@ class Limits:
     # the LoRA adapters a request may name as `model` (the engine's live registry: adapters load
     # and unload while serving)
     adapters: Container[str] = frozenset()
+    priorities: bool = False  # scheduler.policy priority: a request's `priority` other than 0 is taken
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class GenRequest:
     # tool_choice auto: the grammar `required` would use, compiled only to check the tools' schemas
     tool_check: GrammarSpec | None = None
     lora: str | None = None  # the LoRA adapter `model` named (None: the base model)
+    priority: int = 0  # lower runs first (scheduler.policy priority)
 
     @property
     def num_choices(self) -> int:
@@ -234,6 +237,7 @@ def _build(
     grammar: GrammarSpec | None = None,
 ) -> GenRequest:
     n = opt_int(body, "n", 1, limits.max_n) or 1
+    priority = parse_priority(body, limits.priorities)
     best_of = opt_int(body, "best_of")
     if best_of is not None and best_of != n:
         raise unsupported("best_of", "other than n is not supported")
@@ -263,7 +267,17 @@ def _build(
     model = body.get("model")
     lora = model if isinstance(model, str) and model != limits.model_name else None  # checked before
     return GenRequest(
-        kind, prompts, params, n, stream, bool(include_usage), logprobs, echo_texts, grammar, lora=lora
+        kind,
+        prompts,
+        params,
+        n,
+        stream,
+        bool(include_usage),
+        logprobs,
+        echo_texts,
+        grammar,
+        lora=lora,
+        priority=priority,
     )
 
 

@@ -121,13 +121,14 @@ def test_serve_flags_map_to_config_keys() -> None:
 
 def test_vllm_flag_names_map_to_config_keys(capsys: pytest.CaptureFixture[str]) -> None:
     """A vLLM command line carries over: --served-model-name, --max-model-len,
-    --tensor-parallel-size and --lora-modules in both of its forms."""
+    --tensor-parallel-size, --scheduling-policy and --lora-modules in both of its forms."""
     lora = ["sql=/a/sql", '{"name": "acme/chat", "path": "/a/chat", "base_model_name": "x"}']
     flags = ["--served-model-name", "smol", "--max-model-len", "2048", "--tensor-parallel-size", "3"]
+    flags += ["--scheduling-policy", "priority"]
     args = build_parser().parse_args(["serve", *flags, "--lora-modules", *lora])
     cfg = load_config(None, overrides_from(args))
     assert (cfg.model.served_name, cfg.model.max_model_len) == ("smol", 2048)
-    assert cfg.parallel.tensor_parallel_size == 3
+    assert cfg.parallel.tensor_parallel_size == 3 and cfg.scheduler.policy == "priority"
     assert cfg.lora.adapters == {"sql": "/a/sql", "acme/chat": "/a/chat"}
     for bad in ("sql", '{"name": "x"}', "{oops"):
         rc, _, err = run_main(capsys, "serve", "--lora-modules", bad)
@@ -137,6 +138,8 @@ def test_vllm_flag_names_map_to_config_keys(capsys: pytest.CaptureFixture[str]) 
 def test_serve_with_bad_flags_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = run_main(capsys, "serve", "--dtype", "float64")
     assert rc == 2 and "'model.dtype'" in err
+    rc, _, err = run_main(capsys, "serve", "--scheduling-policy", "lifo")
+    assert rc == 2 and "'scheduler.policy'" in err
     rc, _, err = run_main(capsys, "serve", "--port", str(1 << 70))  # past 64 bits: no traceback
     assert rc == 2 and "'server.port'" in err and err.count("\n") == 1
     with pytest.raises(SystemExit) as exc:

@@ -74,6 +74,7 @@ class FakeEngine:
         self.steps_allowed = threading.Event()  # tests: clear it to hold the engine before its next step
         self.steps_allowed.set()
         self.fail_request_ids: set[str] = set()  # tests: these requests end with FinishReason.ERROR
+        self.priorities: list[int] = []  # tests: each added request's `priority`, in order
         self._dead = False
         self._stop = False
         self._inbox: deque[tuple[str, Any]] = deque()
@@ -131,6 +132,7 @@ class FakeEngine:
             raise RequestError("prompt", "must contain at least one token")
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             raise RequestError("prompt", "too long")
+        self.priorities.append(r.priority)
         seqs = []
         for i in range(r.n):
             seed = None if params.seed is None else params.seed + i
