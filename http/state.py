@@ -101,8 +101,12 @@ class ServerState:
         self._tasks = []
         if self.dispatcher is not None:
             self.dispatcher.detach()
+
+    async def stop_tracing(self) -> None:
+        """Once no handler is left: the spans still queued go out (off the loop: it blocks until
+        they are sent, or the exporter's timeout)."""
         tracing = self.tracing
-        if tracing is not None:  # the spans still queued go out (off the loop: it blocks until sent)
+        if tracing is not None:
             self.tracing = None
             await asyncio.to_thread(tracing.shutdown)
 
