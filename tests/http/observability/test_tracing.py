@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import orjson
 import pytest
 from fake_engine import FAIL_MARKER, FakeEngine
-from http_helpers import post, serving, sse_events
+from http_helpers import post, serving, sse_events, wait_for
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
@@ -181,3 +182,23 @@ def test_a_client_that_goes_away_ends_its_span_as_cancelled(make_fake: Callable[
         (span,) = t.spans(1)
         _failed(span, "cancelled", 499)
         _continues_caller(span)
+
+
+def test_a_request_the_engine_refuses_has_its_span(make_fake: Callable[..., FakeEngine]) -> None:
+    engine = make_fake("scheduler.max_waiting=1")
+    with serving(engine) as srv:
+        t = Traced(srv)
+        engine.steps_allowed.clear()  # the first request runs, held; the second waits in the inbox
+        body = {"model": "fake-model", "prompt": "x", "max_tokens": 3}
+        held = [threading.Thread(target=post, args=(srv, "/v1/completions", body)) for _ in range(2)]
+        for i, th in enumerate(held, 1):
+            th.start()
+            wait_for(lambda i=i: engine.stats().waiting + engine.stats().running == i)
+        assert post(srv, "/v1/completions", body, CALLER).status_code == 429
+        (span,) = t.spans(1)
+        _failed(span, "queue_full", 429)
+        _continues_caller(span)
+        engine.steps_allowed.set()
+        for th in held:
+            th.join(10)
+        assert len(t.spans(2)) == 2
