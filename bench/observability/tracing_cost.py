@@ -4,7 +4,7 @@ one exporting a span per request to a stand-in collector (bench/lib/otlp_sink.py
 same concurrency, their runs interleaved (on off off on ...) so the machine's drift cancels within
 a pair. Every request carries a caller's traceparent, so the traced server continues it.
 
-    .venv/bin/python -m bench.serving.tracing_cost [--streams 64] [--tokens 64] [--per-stream 8]
+    .venv/bin/python -m bench.observability.tracing_cost [--streams 64] [--tokens 64] [--per-stream 8]
         [--repeats 5] [--step-ms 5]
 
 Short answers (64 tokens) make the per-request work (one span each) weigh the most against the
