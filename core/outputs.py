@@ -30,6 +30,9 @@ class SeqDelta:
     # params.prompt_logprobs, on choice 0's first delta: the logprobs of prompt tokens 1.. (token 0
     # has none: nothing comes before it)
     prompt_logprobs: list[TokenLogprob] | None = None
+    # On a sequence's final delta: when the scheduler first admitted it (time.monotonic()), so the
+    # HTTP side can tell queueing from prefill (its tracing spans); None if it never was.
+    scheduled_at: float | None = None
 
 
 @dataclass(slots=True)

@@ -69,6 +69,7 @@ class Seq:
     num_preemptions: int = 0
     num_pending: int = 0
     first_token_time: float | None = None
+    scheduled_time: float | None = None  # first admitted by the scheduler (monotonic), for tracing
     deadline: float | None = None  # monotonic time after which the request is cut off
     error: str | None = None  # with FinishReason.ERROR: what happened, for logs and messages
     error_kind: ErrorKind | None = None  # ... and its kind, which callers act on

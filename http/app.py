@@ -177,3 +177,4 @@ class HttpServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        await self.state.stop_tracing()  # after the handlers: the cancelled ones' spans too

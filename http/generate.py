@@ -20,8 +20,9 @@ from rillet.core.engine.inbox import NewRequest
 from rillet.http.engine_api import EngineLike
 from rillet.http.front_end import FrontEnd, OpenAiFront
 from rillet.http.keepalive import keep_alive
+from rillet.http.observability.facts import Outcome, outcome_of, request_facts
 from rillet.http.openai.chunks import Usage
-from rillet.http.openai.errors import JSON_CONTENT_TYPE, engine_refusal
+from rillet.http.openai.errors import JSON_CONTENT_TYPE, ApiError, engine_refusal
 from rillet.http.openai.protocol import GenRequest
 from rillet.http.state import ServerState
 from rillet.http.stream.collect import collect
@@ -61,11 +62,17 @@ async def run_generation(
     engine_ids = (rid,) if len(gen.prompts) == 1 else tuple(f"{rid}-{p}" for p in range(len(gen.prompts)))
     stream = RequestStream(rid, gen.num_choices, engine_ids)
     usage = Usage([len(p) for p in gen.prompts], gen.n)
-    _submit(state, engine, gen, stream)
+    try:
+        _submit(state, engine, gen, stream)
+    except ApiError as refused:  # queue full, engine dead, a request the engine will not take
+        if state.tracing is not None:
+            _trace(request, state, engine, gen, stream, usage, outcome_of(refused, False, stream))
+        raise
     state.metrics.prompt_tokens.inc(usage.prompt_tokens)
     if gen.lora is not None:
         state.metrics.count_adapter(gen.lora, usage.prompt_tokens)
     clean = False
+    error: BaseException | None = None
     try:
         if gen.stream:
             resp, clean = await _stream(request, state, stream, usage, api)
@@ -74,6 +81,9 @@ async def run_generation(
         clean = True
         body = api.body(results, usage)
         return web.Response(body=orjson.dumps(body), content_type=JSON_CONTENT_TYPE)
+    except BaseException as exc:  # for the request's span: why it ended
+        error = exc
+        raise
     finally:
         disp = state.dispatcher
         for eid in engine_ids:
@@ -85,6 +95,24 @@ async def run_generation(
             state.metrics.e2e.observe(stream.last_token_at - stream.arrival)
         if gen.lora is not None:
             state.metrics.adapter_tokens(gen.lora, usage.completion_tokens)
+        if state.tracing is not None:
+            _trace(request, state, engine, gen, stream, usage, outcome_of(error, clean, stream))
+
+
+def _trace(
+    request: web.Request,
+    state: ServerState,
+    engine: EngineLike,
+    gen: GenRequest,
+    stream: RequestStream,
+    usage: Usage,
+    outcome: Outcome,
+) -> None:
+    """The request's span (observability.otlp_endpoint), queued for export."""
+    assert state.tracing is not None
+    model = gen.lora or engine.model_name
+    facts = request_facts(request.method, request.path, gen, model, stream.request_id, stream, usage, outcome)
+    state.tracing.record(request.headers, facts)
 
 
 async def _stream(

@@ -108,13 +108,13 @@ class StoppedWhileLoading(Exception):
 
 
 async def serve(cfg: RilletConfig) -> int:
+    raise_fd_limit()  # before ServerState: the connection cap is sized to the limit
     try:
         check_model_path(cfg)
+        state = ServerState(cfg)  # observability.otlp_endpoint without its packages: a ConfigError
     except ConfigError as bad:
         sys.stderr.write(f"rillet: error: {bad}\n")
         return EXIT_CONFIG
-    raise_fd_limit()  # before ServerState: the connection cap is sized to the limit
-    state = ServerState(cfg)
     srv = cfg.server
     log.info(
         "connections: at most %d open (%s past it); deadlines: headers %gs, body %gs, idle %gs",

@@ -21,6 +21,7 @@ from rillet.http.metrics.registry import Metrics, Sample, dispatch_samples, engi
 from rillet.http.net.auth import ApiKeys
 from rillet.http.net.conn_limits import ConnLimits
 from rillet.http.net.cors import Cors
+from rillet.http.observability.tracing import Tracing, make_tracing
 from rillet.http.openai.errors import unavailable
 from rillet.http.openai.logprobs import TokenTexts
 from rillet.http.openai.protocol import Limits
@@ -49,6 +50,8 @@ class ServerState:
         self.limits: Limits | None = None
         self.texts: TokenTexts | None = None
         self.responses = ResponseStore(cfg.responses.store_size, cfg.responses.store_ttl_s)
+        # request spans (observability.otlp_endpoint); None = off. ConfigError: the extra is missing.
+        self.tracing: Tracing | None = make_tracing(cfg.observability)
         self.inflight = 0  # API requests being handled (parsing included); draining waits for 0
         self.idle = asyncio.Event()  # set whenever inflight == 0
         self.idle.set()
@@ -99,6 +102,14 @@ class ServerState:
         self._tasks = []
         if self.dispatcher is not None:
             self.dispatcher.detach()
+
+    async def stop_tracing(self) -> None:
+        """Once no handler is left: the spans still queued go out (off the loop: it blocks until
+        they are sent, or the exporter's timeout)."""
+        tracing = self.tracing
+        if tracing is not None:
+            self.tracing = None
+            await asyncio.to_thread(tracing.shutdown)
 
     async def _watch(self, disp: Dispatcher, engine: EngineLike) -> None:
         await disp.watch(lambda: engine.healthy, lambda: engine.error, _WATCH_INTERVAL_S)

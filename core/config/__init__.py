@@ -21,6 +21,7 @@ from rillet.core.config.errors import ConfigError
 from rillet.core.config.loading import config_from_dict, config_to_dict, load_config
 from rillet.core.config.lora import LoraConfig
 from rillet.core.config.model import CacheConfig, Device, DType, ModelConfig, ModelKind
+from rillet.core.config.observability import ObservabilityConfig
 from rillet.core.config.responses import ResponsesConfig
 from rillet.core.config.root import RilletConfig
 from rillet.core.config.serving import (
@@ -49,6 +50,7 @@ __all__ = [
     "LoraConfig",
     "ModelConfig",
     "ModelKind",
+    "ObservabilityConfig",
     "OverCapacity",
     "ParallelConfig",
     "PrefillBackendName",

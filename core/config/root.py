@@ -13,6 +13,7 @@ from rillet.core.config.engine import (
 )
 from rillet.core.config.lora import LoraConfig
 from rillet.core.config.model import CacheConfig, ModelConfig
+from rillet.core.config.observability import ObservabilityConfig
 from rillet.core.config.responses import ResponsesConfig
 from rillet.core.config.serving import LoggingConfig, ParallelConfig, ServerConfig, StreamConfig
 from rillet.core.config.speculative import SpeculativeConfig
@@ -34,3 +35,4 @@ class RilletConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)

@@ -31,6 +31,8 @@ def token_delta(
         seq.error_kind,
         None if reason is None else stop_str,
     )
+    if reason is not None:
+        delta.scheduled_at = seq.scheduled_time
     if seq.prompt_lps is not None and len(seq.output_ids) == len(tokens):
         delta.prompt_logprobs = seq.prompt_lps
     return delta

@@ -180,6 +180,7 @@ class StepLanding(RunLanding):
             completion_tokens=len(seq.output_ids),
             error=seq.error,
             error_kind=seq.error_kind,
+            scheduled_at=seq.scheduled_time,  # every delta built here is a final one
         )
 
 

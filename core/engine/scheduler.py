@@ -31,6 +31,7 @@ No tensors and no CUDA here: the scheduler is plain Python and unit-tested on CP
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -223,6 +224,8 @@ class Scheduler:
             seq.lora_slot = slot
             del queue[i]
             seq.status = SeqStatus.RUNNING
+            if seq.scheduled_time is None:  # a preempted sequence keeps its first admission
+                seq.scheduled_time = time.monotonic()
             self.running.append(seq)
             batch.seqs.append(seq)
             batch.num_new.append(n)

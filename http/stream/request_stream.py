@@ -33,6 +33,7 @@ class RequestStream:
     __slots__ = (
         "_waiter",
         "arrival",
+        "ends",
         "engine_ids",
         "failure",
         "first_token_at",
@@ -63,6 +64,9 @@ class RequestStream:
         self.first_token_at: float | None = None  # for TTFT / inter-token latency metrics
         self.last_token_at = 0.0
         self.last_step = -1  # engine step of the latest token (ITL: one observation per step)
+        # each choice's final delta, as it came (its finish reason, error kind and engine timings:
+        # the request's tracing span reads them at the end)
+        self.ends: list[SeqDelta] = []
         self._waiter: asyncio.Future[None] | None = None
         self.touched = False  # the dispatcher's mark: pushed to during the current routing pass
         # wake the consumer once this many tokens are pending (or at the end); the server's consumers
@@ -110,6 +114,7 @@ class RequestStream:
             sink(delta)
         reason = delta.finish_reason
         if reason is not None:
+            self.ends.append(delta)
             # ERROR / ABORT end the request as a whole (the engine ends every choice with it).
             if reason is FinishReason.ERROR or reason is FinishReason.ABORT:
                 self.unfinished = 0

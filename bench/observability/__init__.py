@@ -1,0 +1,1 @@
+"""Benchmarks of what observability costs the server (tracing: docs/tracing.md)."""
