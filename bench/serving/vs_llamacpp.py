@@ -173,7 +173,9 @@ def main() -> None:
         samples = {name: sample(urls[name], models[name]) for name in SERVERS}
         for name in SERVERS:
             warm_up(urls[name], models[name], args.concurrency)
+        load = [Path("/proc/loadavg").read_text().split()[0]]  # other work on the host skews both
         rounds = run_rounds(urls, models, args)
+        load.append(Path("/proc/loadavg").read_text().split()[0])
         rss = {"rillet": rillet.peak_rss_mib(), "llama.cpp": llama.peak_rss_mib()}
         decode_path = rillet.decode_path
     rows = summarize(rounds)
@@ -192,6 +194,7 @@ def main() -> None:
             "batches": args.batches,
             "rounds_count": args.rounds,
             "peak_rss_mib": rss,
+            "loadavg_1min_before_after": load,
             "samples": samples,
             "summary": rows,
             "rounds": rounds,
@@ -203,6 +206,7 @@ def main() -> None:
         f"{args.rounds} rounds x {args.batches} batches per mode; rillet decode step: {decode_path}; "
         f"JSON: {out}"
     )
+    print(f"load average (1 min) before / after the rounds: {load[0]} / {load[1]}")
     print("peak RSS MiB: " + ", ".join(f"{k} {v:.0f}" if v is not None else f"{k} -" for k, v in rss.items()))
     cols = ["mode", "rillet tok/s", "llama.cpp tok/s", "ratio", "ratio min/max", "rillet min/max"]
     cols += ["llama.cpp min/max", "tokens/request R|L"]
