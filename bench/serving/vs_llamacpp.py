@@ -26,17 +26,18 @@ import argparse
 import contextlib
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import openai
 
-from bench.lib.common import add_pinning, pin_client, table, write_json
+from bench.lib.common import add_pinning, pin_client, process_cpu, table, write_json
 from bench.lib.llama_server import LlamaServer
 from bench.lib.rounds import merge
 from bench.lib.sdk_client import PROMPT, make_clients
 from bench.lib.server_proc import RilletServer
-from bench.lib.timed_batch import run_batch
+from bench.lib.timed_batch import client_cpu, run_batch
 
 AVX2_CAP = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 SERVERS = ("rillet", "llama.cpp")
@@ -65,16 +66,41 @@ def warm_up(base_url: str, model: str, concurrency: list[int]) -> None:
             run_batch(clients, model, stream, 8)
 
 
-def measure(base_url: str, model: str, c: int, stream: bool, batches: int, max_tokens: int) -> dict[str, Any]:
-    clients = make_clients(base_url, "unused", "chat", c)
-    done = [run_batch(clients, model, stream, max_tokens) for _ in range(batches)]
+@dataclass(frozen=True)
+class Target:
+    url: str
+    model: str
+    pid: int
+
+
+def host_busy_s() -> float:
+    """CPU seconds the host's cores have been busy since boot, every process together (/proc/stat)."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (
+        int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    )
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(t: Target, c: int, stream: bool, batches: int, max_tokens: int) -> dict[str, Any]:
+    """`batches` batches of C requests; beside tok/s, the CPU the rest of the host took meanwhile
+    (busy cores minus the measured server's and this client's CPU, in cores): on a shared VM a
+    round with others at work is slower for a reason of neither server's."""
+    clients = make_clients(t.url, "unused", "chat", c)
+    h0, s0, c0 = host_busy_s(), process_cpu(t.pid) or 0.0, client_cpu()
+    done = [run_batch(clients, t.model, stream, max_tokens) for _ in range(batches)]
+    h1, s1, c1 = host_busy_s(), process_cpu(t.pid) or 0.0, client_cpu()
     tokens, wall = sum(b.tokens for b in done), sum(b.wall_s for b in done)
-    return {"tokens": tokens, "wall_s": wall, "requests": c * batches, "tok_s": tokens / wall}
+    others = max(0.0, (h1 - h0) - (s1 - s0) - (c1 - c0)) / wall
+    return {
+        "tokens": tokens,
+        "wall_s": wall,
+        "requests": c * batches,
+        "tok_s": tokens / wall,
+        "others": others,
+    }
 
 
-def run_rounds(
-    urls: dict[str, str], models: dict[str, str], args: argparse.Namespace
-) -> list[list[dict[str, Any]]]:
+def run_rounds(targets: dict[str, Target], args: argparse.Namespace) -> list[list[dict[str, Any]]]:
     modes = [(c, stream) for c in args.concurrency for stream in (False, True)]
     rounds: list[list[dict[str, Any]]] = []
     for r in range(args.rounds):
@@ -82,9 +108,13 @@ def run_rounds(
         for m, (c, stream) in enumerate(modes):
             order = SERVERS if (r + m) % 2 == 0 else SERVERS[::-1]
             for name in order:
-                got = measure(urls[name], models[name], c, stream, args.batches, args.max_tokens)
+                got = measure(targets[name], c, stream, args.batches, args.max_tokens)
                 rows.append({"round": r, "server": name, "concurrency": c, "stream": stream, **got})
-                print(f"round {r} c={c} stream={stream} {name}: {got['tok_s']:.1f} tok/s", file=sys.stderr)
+                print(
+                    f"round {r} c={c} stream={stream} {name}: {got['tok_s']:.1f} tok/s "
+                    f"(others' CPU {got['others']:.2f} cores)",
+                    file=sys.stderr,
+                )
         rounds.append(rows)
     return rounds
 
@@ -93,10 +123,12 @@ def mode_label(c: int, stream: bool) -> str:
     return f"c={c} {'stream' if stream else 'non-stream'}"
 
 
-def rates(rounds: list[list[dict[str, Any]]], name: str, c: int, stream: bool) -> list[float]:
-    """One server's tok/s in one mode, a figure per round."""
+def per_round(
+    rounds: list[list[dict[str, Any]]], name: str, c: int, stream: bool, col: str = "tok_s"
+) -> list[float]:
+    """One server's figure in one mode (tok/s, or others' CPU), one a round."""
     return [
-        r["tok_s"]
+        r[col]
         for rows in rounds
         for r in rows
         if (r["server"], r["concurrency"], r["stream"]) == (name, c, stream)
@@ -110,8 +142,9 @@ def summarize(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     out = []
     for c, stream in dict.fromkeys((k[1], k[2]) for k in merged):
         ours, theirs = merged["rillet", c, stream], merged["llama.cpp", c, stream]
-        a, b = rates(rounds, "rillet", c, stream), rates(rounds, "llama.cpp", c, stream)
+        a, b = per_round(rounds, "rillet", c, stream), per_round(rounds, "llama.cpp", c, stream)
         ratios = [x / y for x, y in zip(a, b, strict=True)]
+        others = [max(per_round(rounds, n, c, stream, "others")) for n in SERVERS]
         per_request = [m["tokens"] / m["requests"] for m in (ours, theirs)]
         out.append(
             {
@@ -124,6 +157,7 @@ def summarize(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 "ratio min/max": f"{min(ratios):.3f} / {max(ratios):.3f}",
                 "rillet min/max": f"{min(a):.1f} / {max(a):.1f}",
                 "llama.cpp min/max": f"{min(b):.1f} / {max(b):.1f}",
+                "others' CPU max R|L": "{:.2f} | {:.2f}".format(*others),
                 "tokens/request R|L": "{:.0f} | {:.0f}".format(*per_request),
                 "round_ratios": ratios,
                 "rillet_rounds": a,
@@ -168,13 +202,15 @@ def main() -> None:
         print("starting llama-server ...", file=sys.stderr)
         flags = ["-m", args.gguf, *args.llama_args.split()]
         llama = stack.enter_context(LlamaServer(args.llama_server, flags, cpus=cpus))
+        assert rillet.proc is not None and llama.proc is not None
+        pids = {"rillet": rillet.proc.pid, "llama.cpp": llama.proc.pid}
         urls = {"rillet": rillet.base_url, "llama.cpp": llama.base_url}
-        models = {name: model_name(url) for name, url in urls.items()}
-        samples = {name: sample(urls[name], models[name]) for name in SERVERS}
-        for name in SERVERS:
-            warm_up(urls[name], models[name], args.concurrency)
+        targets = {n: Target(urls[n], model_name(urls[n]), pids[n]) for n in SERVERS}
+        samples = {n: sample(t.url, t.model) for n, t in targets.items()}
+        for t in targets.values():
+            warm_up(t.url, t.model, args.concurrency)
         load = [Path("/proc/loadavg").read_text().split()[0]]  # other work on the host skews both
-        rounds = run_rounds(urls, models, args)
+        rounds = run_rounds(targets, args)
         load.append(Path("/proc/loadavg").read_text().split()[0])
         rss = {"rillet": rillet.peak_rss_mib(), "llama.cpp": llama.peak_rss_mib()}
         decode_path = rillet.decode_path
@@ -209,7 +245,7 @@ def main() -> None:
     print(f"load average (1 min) before / after the rounds: {load[0]} / {load[1]}")
     print("peak RSS MiB: " + ", ".join(f"{k} {v:.0f}" if v is not None else f"{k} -" for k, v in rss.items()))
     cols = ["mode", "rillet tok/s", "llama.cpp tok/s", "ratio", "ratio min/max", "rillet min/max"]
-    cols += ["llama.cpp min/max", "tokens/request R|L"]
+    cols += ["llama.cpp min/max", "others' CPU max R|L", "tokens/request R|L"]
     print(table(rows, cols))
 
 
