@@ -16,8 +16,9 @@ llama-server runs `-m GGUF -t 2 -tb 2 -np 8 -c 4096 --jinja`.
     # the native row: both at the CPU's own ISA
     python -m bench.serving.vs_llamacpp --llama-server /tmp/llama/native/llama-server
 
-Prints per mode rillet's and llama.cpp's tok/s, their ratio, and the min/max over rounds; each
-server's peak RSS (VmHWM); writes JSON under bench/out/.
+Prints per mode rillet's and llama.cpp's tok/s, their ratio (sums over rounds, and the median
+of the rounds' ratios), the min/max over rounds, the CPU the rest of the host took meanwhile;
+each server's peak RSS (VmHWM); writes JSON under bench/out/.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,6 +156,8 @@ def summarize(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 "rillet tok/s": ours["tokens"] / ours["wall_s"],
                 "llama.cpp tok/s": theirs["tokens"] / theirs["wall_s"],
                 "ratio": (ours["tokens"] / ours["wall_s"]) / (theirs["tokens"] / theirs["wall_s"]),
+                # a round another process slowed (others' CPU) sways the sums; the median, not
+                "median ratio": statistics.median(ratios),
                 "ratio min/max": f"{min(ratios):.3f} / {max(ratios):.3f}",
                 "rillet min/max": f"{min(a):.1f} / {max(a):.1f}",
                 "llama.cpp min/max": f"{min(b):.1f} / {max(b):.1f}",
@@ -244,7 +248,15 @@ def main() -> None:
     )
     print(f"load average (1 min) before / after the rounds: {load[0]} / {load[1]}")
     print("peak RSS MiB: " + ", ".join(f"{k} {v:.0f}" if v is not None else f"{k} -" for k, v in rss.items()))
-    cols = ["mode", "rillet tok/s", "llama.cpp tok/s", "ratio", "ratio min/max", "rillet min/max"]
+    cols = [
+        "mode",
+        "rillet tok/s",
+        "llama.cpp tok/s",
+        "ratio",
+        "median ratio",
+        "ratio min/max",
+        "rillet min/max",
+    ]
     cols += ["llama.cpp min/max", "others' CPU max R|L", "tokens/request R|L"]
     print(table(rows, cols))
 
