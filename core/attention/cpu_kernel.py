@@ -68,8 +68,8 @@ def enabled(head_dim: int, group: int, kv_dtype: torch.dtype, device: torch.devi
 def available() -> bool:
     """Whether rillet::paged_attention is registered (built and loaded at the first call) and may
     run here (the CPU has AVX-512)."""
-    if not torch.cpu._is_avx512_supported():
-        return False
+    if torch.backends.cpu.get_cpu_capability() != "AVX512" or not torch.cpu._is_avx512_supported():
+        return False  # ATen's cap caps it too (ATEN_CPU_CAPABILITY=avx2: what an AVX2 CPU runs)
     failed = load_extension(NAME, SOURCE, FLAGS)
     if failed is not None:
         log.warning("attention: rillet's paged attention kernel did not build (%s); using GEMMs", failed)
