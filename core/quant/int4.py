@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from rillet.core.quant import candidate_head, int4_candidates, rows_kernel
+from rillet.core.quant import avx2_kernel, candidate_head, int4_candidates, rows_kernel
 from rillet.core.quant.candidate_head import CandidateHead
 from rillet.core.quant.int4_candidates import Int4Candidates
 from rillet.core.quant.minmax import minmax_int4
@@ -54,7 +54,9 @@ def _groups(weight: torch.Tensor) -> torch.Tensor:  # [N, K] -> [N, K/G, G] floa
 class Int4Weight(nn.Module):
     """Stands in for a [N, K] weight matrix; `lin(x, w, b)` dispatches on it. Its codes are laid
     out for rillet's own kernel (rows_kernel.py) where that runs here and the shape fits, else for
-    torch's `_weight_int4pack_mm_for_cpu` (`aten`): the same weights and outputs either way.
+    its AVX2 one (avx2_kernel.py, int8 activations) where that runs, else for torch's
+    `_weight_int4pack_mm_for_cpu` (`aten`): the same weights either way. `rows` and `avx2` left
+    None choose by the CPU; `rows=False` alone asks for torch's layout.
 
     Where the CPU has AMX tiles the codes are kept in torch's layout too (`aten_packed`, ~half a
     byte a weight more): rillet's kernel multiplies several rows through the tiles for little
@@ -62,22 +64,32 @@ class Int4Weight(nn.Module):
     against 6.6 ms a step on the default model, bench/RESULTS.md 2026-12-04), so that step is
     traced with `use_aten` set (DecoderModel.torch_int4_kernel) and the others are not."""
 
-    packed: torch.Tensor  # aten: [N, K/2] uint8; rows: [N/32, K/32, 16, 32] uint8
-    scales_zeros: torch.Tensor  # aten: [K/G, N, 2] bf16; rows: [N/32, K/32, 2, 32] bf16
+    packed: torch.Tensor  # aten: [N, K/2] uint8; rows: [N/32, K/32, 16, 32]; avx2: [N/8, K/32, 4, 32]
+    scales_zeros: torch.Tensor  # aten: [K/G, N, 2] bf16; rows: [N/32, K/32, 2, 32]; avx2: [N/8, K/32, 2, 8]
     aten_packed: torch.Tensor | None  # rows with an aten copy: torch's layout beside (else None)
     aten_scales_zeros: torch.Tensor | None
 
-    def __init__(self, weight: torch.Tensor, rows: bool | None = None, aten_copy: bool | None = None) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        rows: bool | None = None,
+        aten_copy: bool | None = None,
+        avx2: bool | None = None,
+    ) -> None:
         super().__init__()
         codes, scale, zero = minmax_int4(_groups(weight))
         self.out_features, self.in_features = weight.shape
-        if rows is None:
+        self.avx2 = _takes_avx2(weight, rows, avx2)
+        if self.avx2:
+            rows = False
+        elif rows is None:
             rows = rows_kernel.runs(weight.device.type, *weight.shape)
         elif rows and not (rows_kernel.fits(*weight.shape) and rows_kernel.available()):
             raise ValueError(f"int4: rillet's kernel cannot take a {tuple(weight.shape)} weight here")
         self.rows = rows
         self.use_aten = False  # rows: call torch's kernel on the aten copy (a trace of the small step)
-        packed, scales_zeros = (rows_kernel.pack if rows else _pack)(codes, scale, zero)
+        pack = rows_kernel.pack if rows else avx2_kernel.pack if self.avx2 else _pack
+        packed, scales_zeros = pack(codes, scale, zero)
         self.register_buffer("packed", packed)
         self.register_buffer("scales_zeros", scales_zeros)
         if aten_copy is None:
@@ -87,6 +99,11 @@ class Int4Weight(nn.Module):
         self.register_buffer("aten_scales_zeros", copy[1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] any float -> [..., N] bf16
+        if self.avx2:  # it quantizes float32 inputs itself (to int8): no bf16 rounding first
+            flat = x.reshape(-1, self.in_features)
+            flat = flat if flat.dtype in (torch.float32, torch.bfloat16) else flat.float()
+            y = avx2_kernel.mm(flat, self.packed, self.scales_zeros, self.out_features)
+            return y.view(*x.shape[:-1], self.out_features)
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
         aten_copy = self.use_aten and self.aten_packed is not None
         if self.rows and not aten_copy:
@@ -97,6 +114,17 @@ class Int4Weight(nn.Module):
             )
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, packed, GROUP, sz)
         return y.view(*x.shape[:-1], self.out_features)
+
+
+def _takes_avx2(weight: torch.Tensor, rows: bool | None, avx2: bool | None) -> bool:
+    """Whether an Int4Weight goes through rillet's AVX2 kernel: asked for (where it cannot, an
+    error), or by the CPU where neither kernel was named and the AVX512-BF16 one does not run."""
+    device, shape = weight.device.type, weight.shape
+    if avx2 is None:
+        return rows is None and not rows_kernel.runs(device, *shape) and avx2_kernel.runs(device, *shape)
+    if avx2 and (rows or not (avx2_kernel.fits(*shape) and avx2_kernel.available())):
+        raise ValueError(f"int4: rillet's AVX2 kernel cannot take a {tuple(shape)} weight here")
+    return avx2
 
 
 class Int4Experts(nn.Module):
