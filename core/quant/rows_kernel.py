@@ -66,7 +66,7 @@ def keeps_aten_copy() -> bool:
 def available() -> bool:
     """Whether rillet::int4_rows_mm is registered and may run here (built and loaded at first call).
     ATen's CPU capability caps it as it caps torch's own kernels and Inductor's: a process under
-    ATEN_CPU_CAPABILITY=avx2 runs what a CPU without AVX-512 runs (tests/conftest.py's AVX2 pass)."""
+    ATEN_CPU_CAPABILITY=avx2 runs what a CPU without AVX-512 runs (tests/test_isa_cap.py)."""
     if torch.backends.cpu.get_cpu_capability() != "AVX512" or not torch.cpu._is_avx512_bf16_supported():
         return False
     failed = load_extension(NAME, SOURCE)
