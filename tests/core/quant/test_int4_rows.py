@@ -181,6 +181,7 @@ def test_a_failed_build_leaves_torchs_kernel(
 
     monkeypatch.setattr(cpp_extension, "load", fail)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     with caplog.at_level("WARNING", logger="rillet.core.quant.rows_kernel"):
         assert rows_kernel.available.__wrapped__() is False
     assert [r.levelname for r in caplog.records if r.name == "rillet.core.quant.rows_kernel"] == ["WARNING"]
