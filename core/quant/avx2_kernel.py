@@ -4,12 +4,18 @@ Where the CPU has AVX2 but no AVX512-BF16 (AMD Zen 3, most Intel client CPUs), t
 `_weight_int4pack_mm_for_cpu` takes bf16 activations that AVX2 widens in software, and Inductor's
 weight-only int4 template is AVX-512 only, so the compiled decode step calls torch's kernel:
 the default model decoded ~66 tok/s there against llama.cpp's ~70-75, which multiplies its
-q4_1 codes by int8 activations (q8_1) with integer dot products. This kernel does the same:
-each row's inputs are quantized to int8 per group of 32 (a step per group; the group's float sum
-kept for the zeros), and the codes multiply them through vpmaddubsw / vpmaddwd, the scale and
-zero applied per group in fp32. Outputs are within the int8 activation step of the dequantized
-float product (tests/core/quant/test_int4_avx2.py); each row's sums run in one order whatever the
-batch.
+q4_1 codes by int8 activations (q8_1) with integer dot products. This kernel does the same, on
+two int8 levels: each row's inputs are quantized per group of 32 to int8 (a step per group, the
+group's float sum kept for the zeros) and their rest to int8 again at 1/254 of that step, and the
+codes multiply both through vpmaddubsw / vpmaddwd, the scale and zero applied per group in fp32.
+int8 alone (llama.cpp's) changed the default model's greedy answers under the AVX2 cap ("What is
+the capital of France?" no longer said Paris; argmax agreement with float32 0.973, below
+transformers bf16's 0.975); the second level puts the inputs within 1/508 of a step, closer than
+bf16 operands. Outputs are within that of the dequantized float product
+(tests/core/quant/test_int4_avx2.py); each row's sums run in one order whatever the batch. One
+[1536, 576] matrix at 1 / 8 rows, one thread under the cap: 26 / 119 us against torch's 99 / 204
+(`python -m bench.kernels.int4_avx2`, bench/RESULTS.md 2026-12-07); the head's candidate pass at
+1 / 8 rows 0.71 / 3.6 ms against torch's int8 kernel's 3.0 / 9.5.
 
 It is a torch custom op, so torch.compile and AOTInductor call it as an extern kernel inside the
 compiled step (no graph break). Built on first use by torch's extension builder for AVX2 + FMA

@@ -1,12 +1,15 @@
 // rillet::int4_avx2_mm: x [M, K] float32 or bf16 @ an int4 weight [N, K]^T -> [M, N] bf16, for CPUs
 // with AVX2 and FMA. Built at first use by core/quant/avx2_kernel.py; see there for why it exists.
 //
-// Each row's inputs are quantized to int8 per group of 32 (xq = round(x / dx), dx = max|x| / 127,
-// as llama.cpp's q8_1), and the codes q in [0, 15] multiply them as integers: vpmaddubsw (unsigned
-// codes x signed inputs, pairs summed to int16; a group's 32 products stay under 2^15: 32 * 15 *
-// 127) and vpmaddwd by ones to int32. Per group, w = (q - 8) * s + z gives
-//   sum_k w x ~ s * dx * (sum q xq - 8 sum xq) + z * sum x
-// where the integer part is exact and sum x is the float sum of the unquantized inputs.
+// Each row's inputs are quantized per group of 32 to two int8 levels: xq = round(x / dx) with
+// dx = max|x| / 127 (llama.cpp's q8_1), and the rest xr = round((x / dx - xq) * 254), so
+// x ~ dx * (254 xq + xr) / 254 to within dx / 508 (int8 alone, within dx / 2, changed greedy
+// answers of the default model: bench/RESULTS.md). The codes q in [0, 15] multiply both as
+// integers: vpmaddubsw (unsigned codes x signed inputs, pairs summed to int16; a lane sums 16
+// products of one level, under 2^15: 16 * 15 * 127) and vpmaddwd by ones to int32. Per group,
+// w = (q - 8) * s + z gives
+//   sum_k w x ~ s * dx / 254 * (sum q (254 xq + xr) - 8 sum (254 xq + xr)) + z * sum x
+// where the integer part is exact (|.| < 2^24) and sum x is the float sum of the inputs themselves.
 //
 // Layout (core/quant/avx2_kernel.py `pack`): output columns in blocks of 8 (one fp32 vector), K in
 // groups of 32, a group in 4 steps of 8 inputs.
@@ -57,13 +60,22 @@ inline float hmax(__m256 v) {
 // Per row and group: the int8 inputs, their step dx, 8 * their sum (the codes' offset of 8 taken
 // out in integers) and the float sum of the inputs themselves (for the zeros).
 struct Quantized {
-  std::vector<int8_t> xq;  // [M, K]
+  std::vector<int8_t> xq, xr;  // [M, K]: the levels
   std::vector<float> dx, xsum;  // [M, G]
   std::vector<int32_t> corr;  // [M, G]
 };
 
+constexpr int32_t kLevels = 254;  // steps of the second level per step of the first
+
+inline void store_bytes(const __m256i* i, int8_t* out) {  // 32 int32 in [-127, 127] -> 32 int8
+  // packs work within 128-bit lanes: the permute puts the 32 bytes back in input order
+  const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+  const __m256i ordered = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), ordered);
+}
+
 template <typename T>
-void quantize_group(const T* x, int8_t* q, float& dx, int32_t& corr, float& xsum) {
+void quantize_group(const T* x, int8_t* q, int8_t* rest, float& dx, int32_t& corr, float& xsum) {
   const __m256 v[4] = {load8(x), load8(x + 8), load8(x + 16), load8(x + 24)};
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 amax = _mm256_andnot_ps(sign, v[0]);
@@ -71,28 +83,34 @@ void quantize_group(const T* x, int8_t* q, float& dx, int32_t& corr, float& xsum
   const float m = hmax(amax);
   xsum = hsum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
   dx = m / 127.0f;
-  const __m256 inv = _mm256_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
-  __m256i i[4];
-  for (int j = 0; j < 4; ++j) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  // to nearest
-  const __m256i s = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
-  const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  const __m256 inv = _mm256_set1_ps(m > 0.0f ? 127.0f / m : 0.0f), levels = _mm256_set1_ps(float(kLevels));
+  __m256i i[4], r[4];
+  __m256i sum = _mm256_setzero_si256();
+  for (int j = 0; j < 4; ++j) {
+    const __m256 t = _mm256_mul_ps(v[j], inv);  // in [-127, 127]
+    const __m256 rounded = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    i[j] = _mm256_cvtps_epi32(rounded);
+    r[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(t, rounded), levels));  // t - rounded: exact
+    sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_mullo_epi32(i[j], _mm256_set1_epi32(kLevels)), r[j]));
+  }
+  const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
   const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
   corr = 8 * _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xB1)));
-  // packs work within 128-bit lanes: the permute puts the 32 bytes back in input order
-  const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
-  const __m256i ordered = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), ordered);
+  store_bytes(i, q);
+  store_bytes(r, rest);
 }
 
 template <typename T>
 void quantize(const T* x, int64_t M, int64_t K, Quantized& out) {
   const int64_t G = K / kGroup;
   out.xq.resize(M * K);
+  out.xr.resize(M * K);
   out.dx.resize(M * G);
   out.xsum.resize(M * G);
   out.corr.resize(M * G);
   for (int64_t i = 0; i < M * G; ++i)  // row i / G, group i % G: contiguous in x
-    quantize_group(x + i * kGroup, out.xq.data() + i * kGroup, out.dx[i], out.corr[i], out.xsum[i]);
+    quantize_group(x + i * kGroup, out.xq.data() + i * kGroup, out.xr.data() + i * kGroup, out.dx[i], out.corr[i],
+                   out.xsum[i]);
 }
 
 struct Args {
@@ -113,6 +131,19 @@ inline __m128i to_bf16(__m256 v) {  // 8 fp32 -> 8 bf16, to nearest even (NaN st
   return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
 }
 
+// The 8 columns' sums over one group of one level of a row's inputs x (32 int8), as int32.
+inline __m256i dot(const __m256i* w, const int8_t* x, __m256i ones) {
+  __m256i d[8];
+  for (int j = 0; j < 8; ++j) {
+    int32_t four;
+    std::memcpy(&four, x + 4 * j, 4);
+    d[j] = _mm256_maddubs_epi16(w[j], _mm256_set1_epi32(four));
+  }
+  const __m256i lo = _mm256_add_epi16(_mm256_add_epi16(d[0], d[1]), _mm256_add_epi16(d[2], d[3]));
+  const __m256i hi = _mm256_add_epi16(_mm256_add_epi16(d[4], d[5]), _mm256_add_epi16(d[6], d[7]));
+  return _mm256_madd_epi16(_mm256_add_epi16(lo, hi), ones);
+}
+
 // Rows [m0, m0 + R) of column block b: a group's codes are unpacked once (8 registers) and each
 // row's 8 products summed as a tree right after (few live registers: no spills). Every row takes
 // the same operations in the same order whatever R is, so a row's bits do not depend on its batch.
@@ -122,6 +153,9 @@ void block(const Args& a, int64_t b, int64_t m0) {
   const uint8_t* pk = a.packed + b * a.G * 4 * 32;
   const uint16_t* sz = a.sz + b * a.G * 2 * kBlock;
   const int8_t* xq = a.x->xq.data() + m0 * a.K;
+  const int8_t* xr = a.x->xr.data() + m0 * a.K;
+  const __m256i levels = _mm256_set1_epi32(kLevels);
+  const __m256 per_level = _mm256_set1_ps(1.0f / float(kLevels));
   __m256 y[R];
   for (int r = 0; r < R; ++r) y[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < a.G; ++g) {
@@ -133,19 +167,12 @@ void block(const Args& a, int64_t b, int64_t m0) {
     }
     const __m256 s = widen_bf16(sz + g * 2 * kBlock), z = widen_bf16(sz + g * 2 * kBlock + kBlock);
     for (int r = 0; r < R; ++r) {
-      const int8_t* x = xq + r * a.K + g * kGroup;
-      __m256i d[8];
-      for (int j = 0; j < 8; ++j) {
-        int32_t four;
-        std::memcpy(&four, x + 4 * j, 4);
-        d[j] = _mm256_maddubs_epi16(w[j], _mm256_set1_epi32(four));
-      }
-      const __m256i lo = _mm256_add_epi16(_mm256_add_epi16(d[0], d[1]), _mm256_add_epi16(d[2], d[3]));
-      const __m256i hi = _mm256_add_epi16(_mm256_add_epi16(d[4], d[5]), _mm256_add_epi16(d[6], d[7]));
+      const int64_t at = r * a.K + g * kGroup;
+      const __m256i first = dot(w, xq + at, ones), second = dot(w, xr + at, ones);
       const int64_t i = (m0 + r) * a.G + g;
-      const __m256i sum = _mm256_madd_epi16(_mm256_add_epi16(lo, hi), ones);
+      const __m256i sum = _mm256_add_epi32(_mm256_mullo_epi32(first, levels), second);
       const __m256i q = _mm256_sub_epi32(sum, _mm256_set1_epi32(a.x->corr[i]));
-      const __m256 sd = _mm256_mul_ps(s, _mm256_set1_ps(a.x->dx[i]));
+      const __m256 sd = _mm256_mul_ps(s, _mm256_mul_ps(_mm256_set1_ps(a.x->dx[i]), per_level));
       y[r] = _mm256_fmadd_ps(z, _mm256_set1_ps(a.x->xsum[i]), _mm256_fmadd_ps(sd, _mm256_cvtepi32_ps(q), y[r]));
     }
   }
