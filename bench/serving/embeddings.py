@@ -7,7 +7,7 @@
 2. Fairness: one server with `model.task: both` on the default model (SmolLM2-135M): chat tokens/s
    of 8 concurrent non-streamed requests alone, then while clients flood it with embedding
    requests (32 inputs of 128 tokens each, back to back), alternating. Target: >= 0.8x alone
-   (scheduler.embed_share, core/engine/embed_share.py).
+   (scheduler.embed_share, core/engine/scheduling/embed_share.py).
 
     .venv/bin/python -m bench.serving.embeddings                 # both parts, the defaults above
     .venv/bin/python -m bench.serving.embeddings --smoke         # a few seconds each, to check it runs

@@ -22,13 +22,13 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048  # per-step token budget (prefill chunks + decodes)
     max_waiting: int = 1024  # admission control: waiting queue bound (429 past it)
     # model.task both: while chat requests run, embeddings take at most this share of the engine's
-    # time (core/engine/embed_share.py); 1 = no limit (they compete as any prefill). Chat keeps
+    # time (core/engine/scheduling/embed_share.py); 1 = no limit (they compete as any prefill). Chat keeps
     # at most 1 - share of its speed, less the mixed steps' own cost: 0.2 measured 0.80-0.82x alone
     # (on the issue's 0.8 line), 0.15 0.81-0.86x (bench/serving/embeddings.py)
     embed_share: float = 0.15
     # fcfs: arrival order (a request's `priority` other than 0 is refused, as vLLM does); priority:
     # waiting requests by (priority, arrival), lower first, a better one taking a worse running
-    # one's batch place (core/engine/priority.py)
+    # one's batch place (core/engine/scheduling/priority.py)
     policy: SchedulingPolicy = "fcfs"
     # policy priority: a request's priority improves by one for every max_wait_s it has been in the
     # engine, so a low one is not starved by a stream of better ones; None: no aging (vLLM's)

@@ -21,11 +21,11 @@ from collections.abc import Callable
 
 from rillet.core.engine.block_manager import BlockManager
 from rillet.core.engine.detokenizer import IncrementalDetokenizer
-from rillet.core.engine.embed_share import EmbedShare
 from rillet.core.engine.handoff.gil_gate import EngineGate
 from rillet.core.engine.landing import Flight, Pending, StepLanding
 from rillet.core.engine.overlap import needs_host_tokens
 from rillet.core.engine.scheduler import ScheduledBatch, Scheduler
+from rillet.core.engine.scheduling.embed_share import EmbedShare
 from rillet.core.errors import ErrorKind
 from rillet.core.outputs import SeqDelta, StepOutput
 from rillet.core.runner.base import FatalRunnerError, InflightStep, Runner

@@ -22,7 +22,7 @@ LoRA (core/lora/slots.py): a sequence of an adapter is admitted only once its ad
 in the stacked buffers (resident, free, or an idle one's to take); the slot is held while it runs.
 Base-model sequences behind one that waits for a slot are admitted past it.
 New placements travel with the batch (`lora_writes`) for the runner to copy before the step.
-scheduler.policy priority (core/engine/priority.py): "admission order" and "arrival order" above
+scheduler.policy priority (core/engine/scheduling/priority.py): "admission order" and "arrival order" above
 read (priority, arrival); at the top of a step, better waiting sequences take the batch places of
 worse running ones (those are preempted as for blocks), and the sequence preempted for blocks is
 the worst priority, then the latest arrival.
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from rillet.core.config import SchedulerConfig
 from rillet.core.engine.block_manager import BlockManager
-from rillet.core.engine.priority import PriorityOrder
+from rillet.core.engine.scheduling.priority import PriorityOrder
 from rillet.core.lora.slots import SlotTable, SlotWrite
 from rillet.core.sequence import FinishReason, Seq, SeqStatus
 
@@ -67,7 +67,7 @@ class Scheduler:
         self.waiting_embed: deque[Seq] = deque()  # embedding sequences: admitted after generation ones
         self.running: list[Seq] = []
         # Embedding tokens the next step may take (set by the engine each step while chat and
-        # embeddings share it: core/engine/embed_share.py); None: no limit.
+        # embeddings share it: core/engine/scheduling/embed_share.py); None: no limit.
         self.embed_cap: int | None = None
         self.running_embeds = 0  # embedding sequences among `running`
         self.lora_slots: SlotTable | None = None  # set when the model serves LoRA adapters

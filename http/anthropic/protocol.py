@@ -4,7 +4,7 @@ Read and used: `model`, `max_tokens` (required, as Anthropic), `messages`, `syst
 `stop_sequences`, `temperature`, `top_p`, `top_k` (the SDK passes these through `extra_body`),
 `stream`, `tools`, `tool_choice`, `output_config.format` (`json_schema`: constrained as chat's
 `response_format`), and the extensions `ignore_eos` and `priority` (vLLM's, scheduler.policy
-priority; http/openai/priority.py). Accepted and ignored: `metadata`, `thinking`
+priority; http/openai/fields.py). Accepted and ignored: `metadata`, `thinking`
 (the model does not think), `output_config.effort`, `service_tier`, `cache_control` (the prefix
 cache is automatic), `inference_geo`, `speed`. Refused with a 400: `container`, `mcp_servers`,
 server tools, image and document blocks, a final assistant message (prefill).

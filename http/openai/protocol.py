@@ -28,9 +28,9 @@ from rillet.http.openai.fields import (
     opt_dict,
     opt_int,
     opt_str,
+    parse_priority,
     type_name,
 )
-from rillet.http.openai.priority import parse_priority
 from rillet.http.openai.response_format import parse_response_format
 from rillet.http.openai.sampling import fit_context, sampling_params
 from rillet.http.openai.tool_prompt import render_chat_ids

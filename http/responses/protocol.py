@@ -4,7 +4,7 @@ Read and used: `model`, `input`, `instructions` (a system message first; not car
 `previous_response_id`, as OpenAI), `max_output_tokens`, `temperature`, `top_p`, `tools`,
 `tool_choice`, `parallel_tool_calls`, `text.format`, `stream`, `store`, `previous_response_id`,
 `metadata` (echoed). Extensions a client may add (vLLM's): `top_k`, `seed`, `stop`, `logit_bias`,
-`ignore_eos`, `priority` (scheduler.policy priority; http/openai/priority.py).
+`ignore_eos`, `priority` (scheduler.policy priority; http/openai/fields.py).
 Accepted and ignored (the engine has nothing they could change): `reasoning`, `include` (but not
 `message.output_text.logprobs`), `truncation`, `text.verbosity`, `user`, `service_tier`,
 `safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`, `max_tool_calls`,

@@ -7,8 +7,8 @@ from __future__ import annotations
 from rillet.core.config import SchedulerConfig
 from rillet.core.embedding import EmbedParams
 from rillet.core.engine.block_manager import BlockManager
-from rillet.core.engine.priority import PriorityOrder
 from rillet.core.engine.scheduler import ScheduledBatch, Scheduler
+from rillet.core.engine.scheduling.priority import PriorityOrder
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import FinishReason, Seq, SeqStatus
 

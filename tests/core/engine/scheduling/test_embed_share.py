@@ -9,14 +9,14 @@ from rillet.core.embedding import EmbedParams
 from rillet.core.engine.block_manager import BlockManager
 from rillet.core.engine.core import EngineCore
 from rillet.core.engine.detokenizer import IncrementalDetokenizer
-from rillet.core.engine.embed_share import (
+from rillet.core.engine.scheduler import ScheduledBatch, Scheduler
+from rillet.core.engine.scheduling.embed_share import (
     FIRST_ALONE_CHUNK,
     GRACE_S,
     MAX_STALL_S,
     MIN_CHUNK,
     EmbedShare,
 )
-from rillet.core.engine.scheduler import ScheduledBatch, Scheduler
 from rillet.core.runner.synthetic import SyntheticRunner
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import FinishReason, Seq

@@ -12,9 +12,9 @@ round to round (ABBA), so that the drift of a shared VM hits both alike. Tokens 
 llama-server runs `-m GGUF -t 2 -tb 2 -np 8 -c 4096 --jinja`.
 
     # the AVX2 row: rillet under the AVX2 cap, llama.cpp built AVX2-only (bench/README.md)
-    python -m bench.serving.vs_llamacpp --llama-server /tmp/llama/avx2/llama-server --avx2-cap
+    python -m bench.compare.vs_llamacpp --llama-server /tmp/llama/avx2/llama-server --avx2-cap
     # the native row: both at the CPU's own ISA
-    python -m bench.serving.vs_llamacpp --llama-server /tmp/llama/native/llama-server
+    python -m bench.compare.vs_llamacpp --llama-server /tmp/llama/native/llama-server
 
 Prints per mode rillet's and llama.cpp's tok/s, their ratio (sums over rounds, and the median
 of the rounds' ratios), the min/max over rounds, the CPU the rest of the host took meanwhile;

@@ -10,7 +10,7 @@ rillet_num_requests_waiting says so), the urgent request again, streamed, with p
 and max idle and behind the flood, their ratio, the flood's makespan (what letting the urgent one
 in costs the batch jobs), preemptions per round (/metrics), server and client peak RSS.
 
-    .venv/bin/python -m bench.serving.priority [--places 16] [--flood 64] [--flood-tokens 200]
+    .venv/bin/python -m bench.scheduling.priority [--places 16] [--flood 64] [--flood-tokens 200]
         [--urgent-tokens 16] [--rounds 5] [--step-ms 5]
 """
 

@@ -1,0 +1,1 @@
+"""Benchmarks of scheduling policies through the server (request priority: docs/priority.md)."""

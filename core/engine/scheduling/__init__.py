@@ -1,0 +1,1 @@
+"""What the scheduler orders and shares by: request priority, the embeddings' share of a step."""
