@@ -12,18 +12,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.lib.server_proc import free_port
-
-
-def peak_rss_mib(pid: int) -> float | None:
-    """VmHWM of a process, in MiB (None once it is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+from bench.lib.server_proc import free_port, peak_rss_mib
 
 
 class LlamaServer:

@@ -17,6 +17,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+
+def peak_rss_mib(pid: int) -> float | None:
+    """VmHWM of a process, in MiB (None once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
 class RilletServer:
     def __init__(
         self,
@@ -93,15 +104,7 @@ class RilletServer:
         raise TimeoutError(f"decode step not compiled after {timeout} s; see {self.log_path}")
 
     def peak_rss_mib(self) -> float | None:
-        if self.proc is None:
-            return None
-        try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-        except OSError:
-            return None
-        return None
+        return None if self.proc is None else peak_rss_mib(self.proc.pid)
 
     def metric(self, name: str) -> float | None:
         """One sample of a Prometheus metric (the first line that starts with `name`)."""
