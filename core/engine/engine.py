@@ -38,6 +38,7 @@ from rillet.core.sequence import FinishReason
 from rillet.core.structured.setup import attach_structured
 from rillet.core.structured.spec import GrammarSpec
 from rillet.core.thread_name import name_native_thread
+from rillet.core.vision.front import VisionFront
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ class Engine:
         self.model_name, self.max_model_len, self.tasks = a.model_name, a.max_model_len, a.tasks
         self.lora, self.embedding_size, self.grammars = a.lora, a.embedding_size, a.grammars
         self.vocab_size = a.vocab_size
+        self.vision: VisionFront | None = None  # a vision-language model's image front end (core/vision/)
         if rt.cluster is not None:
             rt.cluster.watch(self.fail)
         self.handoff_s = resolve_handoff(self.cfg, rt.device.type)
