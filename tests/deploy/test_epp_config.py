@@ -27,6 +27,25 @@ PLUGIN_KINDS = {
 }
 
 
+# The picker decodes its config and each plugin's parameters strictly (an unknown field stops it):
+# the fields of llm-d-router v0.10.0's types (apix/config/v1alpha1/endpointpickerconfig_types.go,
+# the metrics source's and extractor's parameter structs) that deploy/ may use.
+CONFIG_FIELDS = {
+    "": {"apiVersion", "kind", "featureGates", "plugins", "schedulingProfiles", "dataLayer", "flowControl"},
+    "plugins[]": {"name", "type", "parameters"},
+    "schedulingProfiles[]": {"name", "plugins"},
+    "schedulingProfiles[].plugins[]": {"pluginRef", "weight"},
+    "dataLayer": {"sources"},
+    "dataLayer.sources[]": {"pluginRef", "extractors"},
+    "dataLayer.sources[].extractors[]": {"pluginRef"},
+}
+PARAMETER_FIELDS = {
+    "metrics-data-source": {"scheme", "path", "port", "insecureSkipVerify", "interval"},
+    "core-metrics-extractor": {"engineLabelKey", "defaultEngine", "engineConfigs"},
+    "core-metrics-extractor.engineConfigs[]": {"name", *MODEL_SERVER_PROTOCOL},
+}
+
+
 def picker_config(target: str) -> dict[str, Any]:
     text = one(render(target), "ConfigMap", "rillet-epp-config")["data"]["epp-config.yaml"]
     config = yaml.safe_load(text)
@@ -118,3 +137,30 @@ def test_the_picker_mounts_its_config_and_may_read_what_it_watches(target: str) 
             and {"get", "list", "watch"} <= set(r["verbs"])
             for r in rules
         ), (group, resource)
+
+
+def _fields(node: Any, path: str = "") -> dict[str, set[str]]:
+    """The keys found at each path of a YAML tree (list items as `[]`)."""
+    found: dict[str, set[str]] = {}
+    items = node if isinstance(node, list) else [node]
+    for item in items:
+        if isinstance(item, dict):
+            found.setdefault(path, set()).update(item)
+            for key, value in item.items():
+                if isinstance(value, (dict, list)) and key != "parameters":
+                    sub = f"{path}.{key}" if path else key
+                    for p, keys in _fields(value, sub + ("[]" if isinstance(value, list) else "")).items():
+                        found.setdefault(p, set()).update(keys)
+    return found
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_fields_are_ones_the_pickers_strict_decoder_knows(target: str) -> None:
+    config = picker_config(target)
+    for path, keys in _fields(config).items():
+        assert keys <= CONFIG_FIELDS[path], (path, keys - CONFIG_FIELDS[path])
+    for plugin in config["plugins"]:
+        params = plugin.get("parameters", {})
+        assert set(params) <= PARAMETER_FIELDS.get(plugin["type"], set()), plugin
+        for engine in params.get("engineConfigs", []):
+            assert set(engine) <= PARAMETER_FIELDS[f"{plugin['type']}.engineConfigs[]"], engine
