@@ -18,8 +18,8 @@ from rillet.core.config.engine import (
     StructuredConfig,
 )
 from rillet.core.config.errors import ConfigError
-from rillet.core.config.loading import config_from_dict, config_to_dict, load_config
 from rillet.core.config.kv_events import KVEventsConfig
+from rillet.core.config.loading import config_from_dict, config_to_dict, load_config
 from rillet.core.config.lora import LoraConfig
 from rillet.core.config.model import CacheConfig, Device, DType, ModelConfig, ModelKind
 from rillet.core.config.observability import ObservabilityConfig

@@ -37,7 +37,11 @@ class KVEventsConfig:
     hash_seed: str = ""
 
     def __post_init__(self) -> None:
-        check(self.endpoint.startswith(_SCHEMES), "kv_events.endpoint", "must be a tcp://, ipc:// or inproc:// address")
+        check(
+            self.endpoint.startswith(_SCHEMES),
+            "kv_events.endpoint",
+            "must be a tcp://, ipc:// or inproc:// address",
+        )
         check(
             self.replay_endpoint is None or self.replay_endpoint.startswith(_SCHEMES),
             "kv_events.replay_endpoint",

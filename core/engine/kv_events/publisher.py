@@ -12,6 +12,7 @@ the same, so a subscriber sees the gap.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import queue
@@ -46,6 +47,7 @@ class ZmqEventPublisher:
         self._seqs = itertools.count()
         self._topic = cfg.topic.encode()
         self.dropped = 0  # batches the sender could not keep up with
+        self.last_seq = -1  # the sequence number of the last batch handed over (sent or dropped)
         self._ctx = zmq.Context.instance()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.set_hwm(cfg.hwm)
@@ -67,7 +69,7 @@ class ZmqEventPublisher:
     # ---- the engine thread -------------------------------------------------------------------
     def publish(self, events: list[Any]) -> None:
         """One step's events; never blocks."""
-        seq = next(self._seqs)
+        seq = self.last_seq = next(self._seqs)
         try:
             self._queue.put_nowait((seq, time.time(), events))
         except queue.Full:
@@ -77,10 +79,8 @@ class ZmqEventPublisher:
 
     def close(self, timeout: float = 2.0) -> None:
         """Sends what is queued (for up to `timeout` seconds), then closes the sockets."""
-        try:
+        with contextlib.suppress(queue.Full):
             self._queue.put(None, timeout=timeout)
-        except queue.Full:
-            pass
         self._thread.join(timeout)
         if self._thread.is_alive():  # stuck in a send: its sockets are still in use
             log.warning("kv events: the sender did not stop within %g s", timeout)

@@ -73,7 +73,13 @@ def test_prefill_publishes_one_stored_run_with_llmd_keys() -> None:
     assert len(events) == 1
     tag, hashes, parent, tokens, block_size, lora_id, medium, lora_name = events[0]
     assert (tag, parent, tokens, block_size, lora_id, medium, lora_name) == (
-        "BlockStored", None, prompt[:12], BS, None, "GPU", None
+        "BlockStored",
+        None,
+        prompt[:12],
+        BS,
+        None,
+        "GPU",
+        None,
     )
     # what llm-d's scorer computes from the prompt, with the same seed and model name
     assert hashes == BlockHasher("tiny-model", "seed").chain(prompt, BS)
@@ -84,10 +90,10 @@ def test_prefill_publishes_one_stored_run_with_llmd_keys() -> None:
 
 def test_shared_prefix_stores_only_the_new_blocks_with_their_parent() -> None:
     bm, index = pool(32)
-    a = seq(list(range(12)) + [7, 7, 7, 7])
+    a = seq([*list(range(12)), 7, 7, 7, 7])
     prefill(bm, a)
     sync(bm, index)
-    b = seq(list(range(12)) + [9, 9, 9, 9, 9])
+    b = seq([*list(range(12)), 9, 9, 9, 9, 9])
     prefill(bm, b)
     events = bm.events.take() if bm.events else []
     assert len(events) == 1 and events[0][2] == bm.events.hash_of(a.block_table[2])  # type: ignore[union-attr]
@@ -98,11 +104,11 @@ def test_shared_prefix_stores_only_the_new_blocks_with_their_parent() -> None:
 
 def test_eviction_removes_and_reset_clears() -> None:
     bm, index = pool(6)  # 5 usable blocks
-    a = seq(list(range(8)) + [1])
+    a = seq([*list(range(8)), 1])
     prefill(bm, a)
     bm.free(a)  # 2 cached-free blocks
     sync(bm, index)
-    b = seq(list(range(50, 66)) + [1])  # needs all 5: both cached blocks are evicted
+    b = seq([*list(range(50, 66)), 1])  # needs all 5: both cached blocks are evicted
     prefill(bm, b)
     events = bm.events.take() if bm.events else []
     assert [e[0] for e in events] == ["BlockRemoved", "BlockStored"]
