@@ -6,6 +6,7 @@ prefix hits llm-d's scorer would predict from it equal the hits the server finds
 from __future__ import annotations
 
 import random
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -134,3 +135,39 @@ def test_events_need_prefix_caching() -> None:
     with pytest.raises(ConfigError) as err:
         config_from_dict({"kv_events": {"enabled": True}, "cache": {"prefix_caching": False}})
     assert err.value.key == "kv_events.enabled"
+
+
+def test_a_slow_sender_drops_and_counts_never_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine thread's publish never waits: with the sender stuck and its queue full, a batch is
+    dropped and counted, and its sequence number is spent (a subscriber sees the gap)."""
+    from rillet.core.config import KVEventsConfig
+    from rillet.core.engine.kv_events.publisher import ZmqEventPublisher
+
+    sending, release = threading.Event(), threading.Event()
+    real = ZmqEventPublisher._send
+
+    def stuck(self: ZmqEventPublisher, seq: int, ts: float, events: list[Any]) -> None:
+        if seq == 0:
+            sending.set()
+            release.wait(10)
+        real(self, seq, ts, events)
+
+    monkeypatch.setattr(ZmqEventPublisher, "_send", stuck)
+    cfg = KVEventsConfig(
+        enabled=True, endpoint="inproc://kv-drop", replay_endpoint="inproc://kv-drop-replay", max_queue_size=1
+    )
+    pub = ZmqEventPublisher(cfg)
+    try:
+        pub.publish([["AllBlocksCleared"]])
+        assert sending.wait(10)
+        pub.publish([["AllBlocksCleared"]])  # queued
+        pub.publish([["AllBlocksCleared"]])  # the queue is full: dropped
+        assert pub.dropped == 1 and pub.last_seq == 2
+        release.set()
+        deadline = time.monotonic() + 10
+        while len(got := _replay("inproc://kv-drop-replay", 0)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [n for n, _ in got] == [0, 1]
+    finally:
+        release.set()
+        pub.close()
