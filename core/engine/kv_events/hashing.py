@@ -63,6 +63,14 @@ def cbor_payload(parent: int, tokens: Sequence[int] | None, extra: str | None) -
     return b"".join(out)
 
 
+class _TokenItems(dict[int, bytes]):
+    """Each token id's CBOR item, made once: a block's payload is then one join."""
+
+    def __missing__(self, token: int) -> bytes:
+        item = self[token] = _head(0, token)
+        return item
+
+
 class BlockHasher:
     """llm-d's chained block keys for one served model; roots cached per model / adapter name."""
 
@@ -70,6 +78,7 @@ class BlockHasher:
         self.model_name = model_name
         self._seed = fnv1a_64(hash_seed.encode())
         self._roots: dict[str, int] = {}
+        self._items = _TokenItems()
 
     def root(self, lora_name: str | None) -> int:
         """The parent of a sequence's first block. llm-d hashes a LoRA request's blocks under the
@@ -81,7 +90,9 @@ class BlockHasher:
         return h
 
     def block(self, parent: int, tokens: Sequence[int]) -> int:
-        return fnv1a_64(cbor_payload(parent, tokens, None))
+        """fnv1a_64(cbor_payload(parent, tokens, None)), the token items cached."""
+        items = b"".join(map(self._items.__getitem__, tokens))
+        return fnv1a_64(b"\x83" + _head(0, parent) + _head(4, len(tokens)) + items + _NULL)
 
     def chain(self, tokens: Sequence[int], block_size: int, lora_name: str | None = None) -> list[int]:
         """The keys of every full block of `tokens`, as llm-d computes them from a prompt."""

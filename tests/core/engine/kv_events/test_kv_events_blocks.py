@@ -63,6 +63,11 @@ def test_cbor_and_fnv_match_the_references() -> None:
     ]
     for parent, tokens, extra in cases:
         assert cbor_payload(parent, tokens, extra) == cbor2.dumps([parent, tokens, extra], canonical=True)
+    hasher = BlockHasher("m")
+    for parent, tokens, _ in cases:
+        if tokens is not None:  # the cached-items path hashes the same bytes
+            assert hasher.block(parent, tokens) == fnv1a_64(cbor_payload(parent, tokens, None))
+    assert hasher.root("m") == fnv1a_64(cbor2.dumps([fnv1a_64(b""), None, "m"], canonical=True))
 
 
 def test_prefill_publishes_one_stored_run_with_llmd_keys() -> None:
