@@ -48,17 +48,17 @@ class ZmqEventPublisher:
         self._topic = cfg.topic.encode()
         self.dropped = 0  # batches the sender could not keep up with
         self.last_seq = -1  # the sequence number of the last batch handed over (sent or dropped)
-        self._ctx = zmq.Context.instance()
-        self._pub = self._ctx.socket(zmq.PUB)
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self._pub: zmq.Socket[bytes] = ctx.socket(zmq.PUB)
         self._pub.set_hwm(cfg.hwm)
-        self._replay = None
+        self._replay: zmq.Socket[bytes] | None = None
         try:
             if binds(cfg.endpoint):
                 self._pub.bind(cfg.endpoint)
             else:
                 self._pub.connect(cfg.endpoint)
             if cfg.replay_endpoint is not None:
-                self._replay = self._ctx.socket(zmq.ROUTER)
+                self._replay = ctx.socket(zmq.ROUTER)
                 self._replay.bind(cfg.replay_endpoint)
         except zmq.ZMQError:
             self._close_sockets()
