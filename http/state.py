@@ -92,12 +92,13 @@ class ServerState:
             write_last=cfg.stream.write_order == "after_release",
         )
         disp.attach(asyncio.get_running_loop())
+        ecfg = engine.cfg  # the pool's own config (the server's differs only in tests)
         self._facts = ServerFacts(
             model_name=engine.model_name,
-            block_size=cfg.cache.block_size,
-            cache_dtype=cfg.cache.dtype,
-            prefix_caching=cfg.cache.prefix_caching,
-            max_lora=cfg.lora.max_loras if getattr(engine, "lora", None) is not None else 0,
+            block_size=ecfg.cache.block_size,
+            cache_dtype=ecfg.cache.dtype,
+            prefix_caching=ecfg.cache.prefix_caching,
+            max_lora=ecfg.lora.max_loras if getattr(engine, "lora", None) is not None else 0,
         )
         self.dispatcher = disp
         self._tasks = [asyncio.create_task(self._watch(disp, engine), name="rillet-engine-watch")]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.metadata
 from typing import Any
 
-from rillet.core.config import RilletConfig
 from rillet.http.engine_api import EngineLike, StatsLike, WorkerEngine
 
 # Hugging Face's class for each model_type rillet serves (config.json's `architectures`)
@@ -33,12 +32,12 @@ def version() -> str:
         return "unknown"
 
 
-def server_info(
-    cfg: RilletConfig, engine: EngineLike, facts: WorkerEngine, stats: StatsLike
-) -> dict[str, Any]:
+def server_info(engine: EngineLike, facts: WorkerEngine, stats: StatsLike) -> dict[str, Any]:
     """SGLang's /server_info names: smg 0.3 (sglang-router 0.3.x) registers the worker under
     `served_model_name` (else `model_path`); DP-aware routing reads `dp_size`. No `model_id` or
-    `model` key: the router's parser takes them as one field, and both at once fail its parse."""
+    `model` key: the router's parser takes them as one field, and both at once fail its parse.
+    The limits are the engine's config (the server's may differ only in tests)."""
+    cfg = engine.cfg
     return {
         "served_model_name": engine.model_name,
         "model_path": facts.model_path,

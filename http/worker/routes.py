@@ -20,10 +20,8 @@ FLUSH_TIMEOUT_S = 30.0
 
 
 async def server_info(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    engine = state.ready_engine()
-    body = facts.server_info(state.cfg, engine, cast(WorkerEngine, engine), engine.stats())
-    return json_response(body)
+    engine = request.app[STATE].ready_engine()
+    return json_response(facts.server_info(engine, cast(WorkerEngine, engine), engine.stats()))
 
 
 async def model_info(request: web.Request) -> web.Response:
@@ -32,9 +30,8 @@ async def model_info(request: web.Request) -> web.Response:
 
 
 async def get_load(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    engine = state.ready_engine()
-    return json_response(facts.load(engine.stats(), state.cfg.cache.block_size))
+    engine = request.app[STATE].ready_engine()
+    return json_response(facts.load(engine.stats(), engine.cfg.cache.block_size))
 
 
 async def flush_cache(request: web.Request) -> web.Response:
