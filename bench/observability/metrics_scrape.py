@@ -1,7 +1,7 @@
 """Is /metrics cheap? Its latency scraped every 50 ms (a fast Prometheus or endpoint picker) on the
 default model server, idle and under a concurrent streaming load (issue 69: p99 under 20 ms in both).
 
-    flock /work/cpu.lock .venv/bin/python -m bench.serving.metrics_scrape [--seconds 20] \\
+    flock /work/cpu.lock .venv/bin/python -m bench.observability.metrics_scrape [--seconds 20] \\
         [--concurrency 16] [--max-tokens 64] [--interval-ms 50]
 
 The scraper keeps one connection alive (as Prometheus does) and scrapes on a fixed 50 ms schedule
