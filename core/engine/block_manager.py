@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from rillet.core.sequence import Seq
 
@@ -40,6 +40,14 @@ class PrefixStats:
     queried_tokens: int = 0  # prompt tokens looked up at admission
     hit_tokens: int = 0  # of those, reused from the cache
     evictions: int = 0  # cached blocks dropped to make room
+
+
+class PrefixFlush(NamedTuple):
+    """What `reset_prefix_cache` did: blocks forgotten (they are free now), and blocks that keep
+    their keys because running sequences hold them (they are cached again once released)."""
+
+    flushed_blocks: int
+    kept_blocks: int
 
 
 class BlockManager:
@@ -191,9 +199,11 @@ class BlockManager:
         if self.events is not None:
             self.events.freed(seq.seq_id)
 
-    def reset_prefix_cache(self) -> None:
-        """Forgets every cached-free block (used blocks keep their keys). With kv_events on: one
-        AllBlocksCleared when no block keeps a key, else a BlockRemoved of the forgotten ones."""
+    def reset_prefix_cache(self) -> PrefixFlush:
+        """Forgets every cached-free block. Used blocks keep their keys: a running sequence's
+        blocks stay findable (forgetting them would only make its next block's key differ from an
+        identical request's), and return to the cache when it releases them. With kv_events on:
+        one AllBlocksCleared when no block keeps a key, else a BlockRemoved of the forgotten ones."""
         forgotten = list(self._cached_free)
         for b in forgotten:
             del self._block_of[self._key_of.pop(b)]
@@ -204,6 +214,7 @@ class BlockManager:
                 self.events.dropped(forgotten)
             else:
                 self.events.cleared(forgotten)
+        return PrefixFlush(len(forgotten), len(self._key_of))
 
     # ---- internals ---------------------------------------------------------------------------
     def _ref(self, b: int) -> None:
