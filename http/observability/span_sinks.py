@@ -23,7 +23,7 @@ Sink = Callable[[Sequence[SpanRecord]], None]
 
 
 def make_sink(exporter: SpanExporter, resource: Resource, scope: str, max_value_len: int | None) -> Sink:
-    post = _bytes_poster(exporter)
+    post = bytes_poster(exporter)
     if post is None:
         return lambda batch: _export_readable(exporter, resource, scope, batch, max_value_len)
     encoder = SpanEncoder(resource.attributes, resource.schema_url, scope)
@@ -36,7 +36,7 @@ def make_sink(exporter: SpanExporter, resource: Resource, scope: str, max_value_
     return send
 
 
-def _bytes_poster(exporter: SpanExporter) -> Callable[[bytes], None] | None:
+def bytes_poster(exporter: SpanExporter) -> Callable[[bytes], None] | None:
     """The OTLP/HTTP exporter's client (opentelemetry-exporter-otlp-proto-http 1.4x's `_client`:
     not public, so looked for, and the SDK's own path taken where it is missing)."""
     export = getattr(getattr(exporter, "_client", None), "export", None)
