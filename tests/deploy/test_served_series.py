@@ -34,9 +34,6 @@ def _families(srv: BackgroundServer) -> dict[str, Any]:
     return {f.name: f for f in text_string_to_metric_families(resp.text)}
 
 
-# The vLLM-named series come with the routers' worker API (issue 69, docs/worker-api.md), built
-# beside this branch: strict, so the merge that brings them fails here until this mark goes.
-@pytest.mark.xfail(strict=True, reason="vllm: series not exported yet (issue 69's worker API)")
 def test_rillet_serves_what_the_picker_reads(server: BackgroundServer) -> None:
     families = _families(server)
     lora = MODEL_SERVER_PROTOCOL["loraSpec"]
