@@ -17,6 +17,7 @@ from rillet.core.config.observability import ObservabilityConfig
 from rillet.core.config.responses import ResponsesConfig
 from rillet.core.config.serving import LoggingConfig, ParallelConfig, ServerConfig, StreamConfig
 from rillet.core.config.speculative import SpeculativeConfig
+from rillet.core.config.vision import VisionConfig
 
 
 @dataclass(frozen=True)
@@ -34,5 +35,6 @@ class RilletConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    vision: VisionConfig = field(default_factory=VisionConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
