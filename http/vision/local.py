@@ -29,7 +29,7 @@ def read_local(path: str, part: str, root: str | None, max_bytes: int) -> bytes:
         fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as e:
         raise _missing(part) from e
-    with os.fdopen(fd, "rb") as f:
+    try:
         opened = Path(f"/proc/self/fd/{fd}")
         if opened.exists() and not _under(opened.resolve(), base):
             raise _outside(part)
@@ -38,7 +38,10 @@ def read_local(path: str, part: str, root: str | None, max_bytes: int) -> bytes:
             raise ImageError(ImageErrorKind.FETCH_FAILED, part, "the image path is not a regular file")
         if info.st_size > max_bytes:
             raise too_large(part, max_bytes)
-        data = f.read(max_bytes + 1)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(max_bytes + 1)
+    finally:
+        os.close(fd)
     if len(data) > max_bytes:
         raise too_large(part, max_bytes)
     return data

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import random
 
 from PIL import Image
 
@@ -22,3 +23,11 @@ def data_url(data: bytes, media_type: str = "image/png") -> str:
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
+
+
+def noise_png(width: int, height: int, seed: int = 0) -> bytes:
+    """Random pixels: a PNG that does not compress (its size is about 3 bytes a pixel)."""
+    pixels = random.Random(seed).randbytes(width * height * 3)
+    buf = io.BytesIO()
+    Image.frombytes("RGB", (width, height), pixels).save(buf, format="PNG")
+    return buf.getvalue()

@@ -9,6 +9,7 @@ the real fronts must), and records every call's images so a test sees what reach
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -39,18 +40,26 @@ class PartsTokenizer(FakeTokenizer):
         return "".join(lines) + ("<assistant>" if add_generation_prompt else "")
 
 
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 class FakeVision:
     def __init__(self, max_images: int, max_pixels: int) -> None:
         self.max_images = max_images
         self.max_pixels = max_pixels
         self.calls: list[list[ImageInput]] = []  # each expand's images (prompts without any too)
-        self.threads: set[str] = set()  # the threads expand ran on (never the event loop's)
+        self.on_loop: list[bool] = []  # per call: did it run on a thread with a running event loop
         self._lock = threading.Lock()
 
     def expand(self, prompt_ids: list[int], images: Sequence[ImageInput]) -> MultimodalPrompt:
         with self._lock:
             self.calls.append(list(images))
-            self.threads.add(threading.current_thread().name)
+            self.on_loop.append(_loop_running())
         if prompt_ids.count(PLACEHOLDER) != len(images):
             msg = f"{prompt_ids.count(PLACEHOLDER)} image placeholders for {len(images)} images"
             raise ImageError(ImageErrorKind.NOT_SUPPORTED, "", msg)
