@@ -75,7 +75,8 @@ async def _generate(request: web.Request, parser: Parser, api: ImageApi | None =
         limits = state.limits
         assert limits is not None
         images = () if api is None else (await load_images(request, body, api),)
-        gen = await off_loop(request, parser, body, engine.tokenizer, limits, *images)
+        vlm = engine.vision is not None
+        gen = await off_loop(request, parser, body, engine.tokenizer, limits, *images, worker=vlm)
         await prepare_grammars(gen, engine, state.cfg.structured.compile_timeout_s)
         return await run_generation(request, state, engine, gen)
     finally:
@@ -95,15 +96,16 @@ async def load_images(request: web.Request, body: dict[str, Any], api: ImageApi)
     return await state.images.request_images(body, api, engine.vision, engine.model_name)
 
 
-async def off_loop(request: web.Request, fn: Callable[..., T], *args: Any, extra_bytes: int = 0) -> T:
+async def off_loop(
+    request: web.Request, fn: Callable[..., T], *args: Any, extra_bytes: int = 0, worker: bool = False
+) -> T:
     """`fn(*args)`: parsing and tokenizing a body, inline when the prompt is small, else on a
     worker. `extra_bytes`: prompt text the body does not carry (a stored conversation it continues).
-    A vision model's prompts always go to a worker: they go through `engine.vision.expand`."""
+    `worker`: always on a worker (a vision model's prompts, which go through `engine.vision.expand`)."""
     size = request.content_length
     if size is None:  # a chunked body: aiohttp keeps it once read (read_json), so this costs nothing
         size = len(await request.read())
-    limits = request.app[STATE].limits
-    if size + extra_bytes <= INLINE_PARSE_BYTES and (limits is None or limits.vision is None):
+    if size + extra_bytes <= INLINE_PARSE_BYTES and not worker:
         return fn(*args)
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(None, fn, *args)

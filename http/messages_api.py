@@ -47,7 +47,10 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     try:
         body = await read_json(request)
         images = await load_images(request, body, MESSAGES)
-        gen = await off_loop(request, parse_messages, body, engine.tokenizer, state.limits, images)
+        vlm = engine.vision is not None
+        gen = await off_loop(
+            request, parse_messages, body, engine.tokenizer, state.limits, images, worker=vlm
+        )
         await prepare_grammars(gen, engine, state.cfg.structured.compile_timeout_s)
         return await run_generation(
             request, state, engine, gen, MessagesFront(gen, gen.lora or engine.model_name)
@@ -61,5 +64,6 @@ async def count_message_tokens(request: web.Request) -> web.Response:
     engine = state.ready_engine()
     body = await read_json(request)
     images = await load_images(request, body, MESSAGES)
-    n = await off_loop(request, count_tokens, body, engine.tokenizer, state.limits, images)
+    vlm = engine.vision is not None
+    n = await off_loop(request, count_tokens, body, engine.tokenizer, state.limits, images, worker=vlm)
     return json_response({"input_tokens": n})

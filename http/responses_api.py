@@ -86,6 +86,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             previous,
             images,
             extra_bytes=history,
+            worker=engine.vision is not None,
         )
         await prepare_grammars(req.gen, engine, state.cfg.structured.compile_timeout_s)
         front = ResponsesFront(req, req.gen.lora or engine.model_name, state.responses if req.store else None)

@@ -180,6 +180,6 @@ def expand_prompt(
         raise image_refused(ImageError(ImageErrorKind.TOO_MANY_IMAGES, field, msg))
     try:
         mp = vision.expand(ids, images)
-    except ImageError as e:  # a placeholder count that does not match: the prompt field if no part
-        raise image_refused(e if e.part else ImageError(e.kind, field, e.message)) from e
+    except ImageError as e:  # without images (a placeholder typed as text) the prompt field is named
+        raise image_refused(e if e.part and images else ImageError(e.kind, field, e.message)) from e
     return mp.prompt_ids, mp.mm if images else None  # a prompt without images goes in as text

@@ -14,7 +14,9 @@ async def tokenize_handler(request: web.Request) -> web.Response:
     engine = state.ready_engine()
     body = await read_json(request)
     images = await load_images(request, body, CHAT)  # `messages` may hold images, as chat's
-    return json_response(await off_loop(request, tokenize, body, engine.tokenizer, state.limits, images))
+    vlm = engine.vision is not None
+    ids = await off_loop(request, tokenize, body, engine.tokenizer, state.limits, images, worker=vlm)
+    return json_response(ids)
 
 
 async def detokenize_handler(request: web.Request) -> web.Response:

@@ -230,6 +230,8 @@ def test_a_placeholder_typed_as_text_is_refused(vlm: tuple[FakeEngine, Backgroun
     before = len(engine.added)
     resp = post(srv, api.path, api.body([("user", ["sneaky \x01 placeholder"])]))
     assert resp.status_code == 400, resp.text
+    field = "input" if api.name == "responses" else "messages"
+    assert resp.json()["error"]["message"].startswith(f"{field}: "), resp.text
     assert len(engine.added) == before
 
 

@@ -123,6 +123,19 @@ def test_loopback_is_refused_even_when_listed(host: str) -> None:
     run(go)
 
 
+@pytest.mark.parametrize("host", ["2130706433", "0x7f000001", "[::ffff:127.0.0.1]", "[::1]", "127.1"])
+def test_other_spellings_of_loopback_are_refused(host: str) -> None:
+    """With every host allowed, loopback written as a number, in hex, short, or inside IPv6."""
+    fetcher = Fetcher(vision('vision.allowed_domains=["*"]'))
+
+    async def go(base: str, hits: list[str]) -> None:
+        err = await refusal(fetcher, f"http://{host}:{{port}}/img.png")(base, hits)
+        assert err.kind is ImageErrorKind.FORBIDDEN, err
+        assert hits == []
+
+    run(go)
+
+
 def test_hosts_outside_the_list_are_refused() -> None:
     for cfg in (vision(), vision('vision.allowed_domains=["example.com"]')):
         err = run(refusal(Fetcher(cfg, anything), "{base}/img.png"))
