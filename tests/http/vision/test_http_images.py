@@ -215,6 +215,18 @@ def test_a_text_model_refuses_images(make_fake: Callable[..., FakeEngine]) -> No
             body = api.body([("user", ["look", Img("https://example.com/cat.png")])])
             refused(api, post(srv, api.path, body), api.part(0, 1), "not_supported")
             assert "does not take images" in post(srv, api.path, body).text
+        chat, messages, _ = APIS
+        turns: list[Turn] = [("user", ["look", Img(data_url(PNG))])]
+        counted = post(
+            srv, "/v1/messages/count_tokens", {"model": MODEL, "messages": messages.body(turns)["messages"]}
+        )
+        refused(messages, counted, "messages.0.content.1", "not_supported")
+        refused(
+            chat,
+            post(srv, "/tokenize", {"messages": chat.body(turns)["messages"]}),
+            chat.part(0, 1),
+            "not_supported",
+        )
         # an image where no turn takes one: refused as before, naming its type
         chat = APIS[0].body([("user", ["hi"]), ("assistant", [Img(data_url(PNG))]), ("user", ["?"])])
         resp = post(srv, APIS[0].path, chat)
