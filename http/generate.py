@@ -181,7 +181,7 @@ def _submit(state: ServerState, engine: EngineLike, gen: GenRequest, stream: Req
     for p, (ids, params) in enumerate(zip(gen.prompts, gen.params, strict=True)):
         eid = stream.engine_ids[p]
         disp.register(eid, stream, p * gen.n)
-        requests.append(NewRequest(eid, ids, params, gen.n, deadline, gen.lora, gen.priority))
+        requests.append(NewRequest(eid, ids, params, gen.n, deadline, gen.lora, gen.priority, gen.mm))
     try:
         engine.add_requests(requests)
     except Exception as exc:

@@ -16,10 +16,12 @@ from rillet.http.grammar_prep import prepare_grammars
 from rillet.http.lora.cards import adapter_cards
 from rillet.http.metrics.registry import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rillet.http.net.connection import read_body
+from rillet.http.openai.chat_messages import Images
 from rillet.http.openai.embeddings import parse_embeddings, wrong_task
 from rillet.http.openai.errors import JSON_CONTENT_TYPE, ApiError, bad_request, model_not_found
-from rillet.http.openai.protocol import GenRequest, Limits, check_model, parse_chat, parse_completion
+from rillet.http.openai.protocol import GenRequest, check_model, parse_chat, parse_completion
 from rillet.http.state import ServerState
+from rillet.http.vision.api_parts import CHAT, ImageApi
 
 STATE: web.AppKey[ServerState] = web.AppKey("rillet_state", ServerState)
 # Prompts above this are parsed and tokenized off the event loop, so a long prompt does not stall
@@ -27,7 +29,7 @@ STATE: web.AppKey[ServerState] = web.AppKey("rillet_state", ServerState)
 # text is ~2 ms of tokenizing here (bench/RESULTS.md): the longest the loop stops for one request.
 INLINE_PARSE_BYTES = 8 * 1024
 
-Parser = Callable[[dict[str, Any], Any, Limits], GenRequest]
+Parser = Callable[..., GenRequest]  # (body, tokenizer, Limits[, images])
 T = TypeVar("T")
 
 
@@ -61,7 +63,8 @@ def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"Request body is too large (limit: {limit} bytes)", code="request_too_large")
 
 
-async def _generate(request: web.Request, parser: Parser) -> web.StreamResponse:
+async def _generate(request: web.Request, parser: Parser, api: ImageApi | None = None) -> web.StreamResponse:
+    """`api`: where the body keeps images (None: it has none, /v1/completions)."""
     state = request.app[STATE]
     engine = state.ready_engine()
     if "generate" not in engine.tasks:
@@ -71,27 +74,45 @@ async def _generate(request: web.Request, parser: Parser) -> web.StreamResponse:
         body = await read_json(request)
         limits = state.limits
         assert limits is not None
-        gen = await off_loop(request, parser, body, engine.tokenizer, limits)
+        images = () if api is None else (await load_images(request, body, api),)
+        vlm = engine.vision is not None
+        gen = await off_loop(request, parser, body, engine.tokenizer, limits, *images, worker=vlm)
         await prepare_grammars(gen, engine, state.cfg.structured.compile_timeout_s)
         return await run_generation(request, state, engine, gen)
     finally:
         state.end()
 
 
-async def off_loop(request: web.Request, fn: Callable[..., T], *args: Any, extra_bytes: int = 0) -> T:
+async def load_images(request: web.Request, body: dict[str, Any], api: ImageApi) -> Images:
+    """The body's images, fetched and decoded (http/vision/loader.py); a `model` the server does not
+    serve is refused first, so nothing is fetched for it."""
+    state = request.app[STATE]
+    engine = state.ready_engine()
+    assert state.limits is not None
+    if not api.locate(body):
+        return {}
+    if body.get("model") is not None:  # (optional on /tokenize; the parsers refuse a missing one)
+        check_model(body, state.limits)
+    return await state.images.request_images(body, api, engine.vision, engine.model_name)
+
+
+async def off_loop(
+    request: web.Request, fn: Callable[..., T], *args: Any, extra_bytes: int = 0, worker: bool = False
+) -> T:
     """`fn(*args)`: parsing and tokenizing a body, inline when the prompt is small, else on a
-    worker. `extra_bytes`: prompt text the body does not carry (a stored conversation it continues)."""
+    worker. `extra_bytes`: prompt text the body does not carry (a stored conversation it continues).
+    `worker`: always on a worker (a vision model's prompts, which go through `engine.vision.expand`)."""
     size = request.content_length
     if size is None:  # a chunked body: aiohttp keeps it once read (read_json), so this costs nothing
         size = len(await request.read())
-    if size + extra_bytes <= INLINE_PARSE_BYTES:
+    if size + extra_bytes <= INLINE_PARSE_BYTES and not worker:
         return fn(*args)
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(None, fn, *args)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, parse_chat)
+    return await _generate(request, parse_chat, CHAT)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:

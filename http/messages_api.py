@@ -12,10 +12,11 @@ from rillet.http.anthropic.events import PING, MessagesFormat, message_body
 from rillet.http.anthropic.protocol import count_tokens, parse_messages
 from rillet.http.generate import run_generation
 from rillet.http.grammar_prep import prepare_grammars
-from rillet.http.handlers import STATE, json_response, off_loop, read_json
+from rillet.http.handlers import STATE, json_response, load_images, off_loop, read_json
 from rillet.http.openai.bodies import ChoiceResult
 from rillet.http.openai.chunks import Usage
 from rillet.http.openai.protocol import GenRequest
+from rillet.http.vision.api_parts import MESSAGES
 
 
 class MessagesFront:
@@ -45,7 +46,11 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     state.begin()
     try:
         body = await read_json(request)
-        gen = await off_loop(request, parse_messages, body, engine.tokenizer, state.limits)
+        images = await load_images(request, body, MESSAGES)
+        vlm = engine.vision is not None
+        gen = await off_loop(
+            request, parse_messages, body, engine.tokenizer, state.limits, images, worker=vlm
+        )
         await prepare_grammars(gen, engine, state.cfg.structured.compile_timeout_s)
         return await run_generation(
             request, state, engine, gen, MessagesFront(gen, gen.lora or engine.model_name)
@@ -58,5 +63,7 @@ async def count_message_tokens(request: web.Request) -> web.Response:
     state = request.app[STATE]
     engine = state.ready_engine()
     body = await read_json(request)
-    n = await off_loop(request, count_tokens, body, engine.tokenizer, state.limits)
+    images = await load_images(request, body, MESSAGES)
+    vlm = engine.vision is not None
+    n = await off_loop(request, count_tokens, body, engine.tokenizer, state.limits, images, worker=vlm)
     return json_response({"input_tokens": n})

@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 from rillet.http.generate import run_generation
 from rillet.http.grammar_prep import prepare_grammars
-from rillet.http.handlers import STATE, json_response, off_loop, read_json
+from rillet.http.handlers import STATE, json_response, load_images, off_loop, read_json
 from rillet.http.openai.bodies import ChoiceResult
 from rillet.http.openai.chunks import Usage
 from rillet.http.openai.errors import ApiError
@@ -24,6 +24,7 @@ from rillet.http.responses.events import ResponsesFormat, answer_output
 from rillet.http.responses.input_list import page
 from rillet.http.responses.protocol import ResponsesRequest, parse_responses, previous_response_id
 from rillet.http.responses.store import ResponseStore
+from rillet.http.vision.api_parts import RESPONSES
 
 
 class ResponsesFront:
@@ -75,8 +76,17 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             if stored is None:
                 raise _not_found(prev_id, "previous_response_id")
             previous, history = stored.messages, stored.size
+        images = await load_images(request, body, RESPONSES)
         req = await off_loop(
-            request, parse_responses, body, engine.tokenizer, state.limits, previous, extra_bytes=history
+            request,
+            parse_responses,
+            body,
+            engine.tokenizer,
+            state.limits,
+            previous,
+            images,
+            extra_bytes=history,
+            worker=engine.vision is not None,
         )
         await prepare_grammars(req.gen, engine, state.cfg.structured.compile_timeout_s)
         front = ResponsesFront(req, req.gen.lora or engine.model_name, state.responses if req.store else None)

@@ -30,6 +30,7 @@ from rillet.http.openai.protocol import Limits
 from rillet.http.responses.store import ResponseStore
 from rillet.http.stream.dispatcher import Dispatcher
 from rillet.http.ui.routes import PUBLIC_ROUTES
+from rillet.http.vision.loader import ImageLoader
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class ServerState:
         self.limits: Limits | None = None
         self.texts: TokenTexts | None = None
         self.responses = ResponseStore(cfg.responses.store_size, cfg.responses.store_ttl_s)
+        self.images = ImageLoader(cfg.vision)  # image parts: fetched, read, decoded (vision.*)
         # request spans (observability.otlp_endpoint); None = off. ConfigError: the extra is missing.
         self.tracing: Tracing | None = make_tracing(cfg.observability)
         self.inflight = 0  # API requests being handled (parsing included); draining waits for 0
@@ -82,6 +84,7 @@ class ServerState:
             grammar_repetition_penalty=cfg.structured.repetition_penalty,
             adapters=getattr(engine, "lora", None) or frozenset(),  # the live registry (core/lora/)
             priorities=cfg.scheduler.policy == "priority",
+            vision=getattr(engine, "vision", None),
         )
         disp = Dispatcher(
             engine.ring,

@@ -142,6 +142,8 @@ def _imports_of(prefix: str) -> dict[str, set[str]]:
         ("rillet.http.metrics", ("rillet.http.metrics",)),
         ("rillet.http.ui", ("rillet.http.ui",)),
         ("rillet.http.launch", ("rillet.http.launch", "rillet.core")),
+        # image loading (fetch, SSRF guard, files) over openai/'s parsing of the parts
+        ("rillet.http.vision", ("rillet.http.vision", "rillet.http.openai", "rillet.core")),
     ],
 )
 def test_layers_import_only_what_is_below_them(layer: str, may_import: tuple[str, ...]) -> None:

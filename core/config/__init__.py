@@ -34,6 +34,7 @@ from rillet.core.config.serving import (
     StreamConfig,
 )
 from rillet.core.config.speculative import SpecMethod, SpeculativeConfig
+from rillet.core.config.vision import VisionConfig
 
 __all__ = [
     "AttentionBackendName",
@@ -64,6 +65,7 @@ __all__ = [
     "SpeculativeConfig",
     "StreamConfig",
     "StructuredConfig",
+    "VisionConfig",
     "config_from_dict",
     "config_to_dict",
     "load_config",

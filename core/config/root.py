@@ -19,6 +19,7 @@ from rillet.core.config.observability import ObservabilityConfig
 from rillet.core.config.responses import ResponsesConfig
 from rillet.core.config.serving import LoggingConfig, ParallelConfig, ServerConfig, StreamConfig
 from rillet.core.config.speculative import SpeculativeConfig
+from rillet.core.config.vision import VisionConfig
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class RilletConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    vision: VisionConfig = field(default_factory=VisionConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)

@@ -103,5 +103,8 @@ def fold_system_message(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rest = messages[n:]
     if rest and rest[0].get("role") == "user":
         first = rest[0]
-        return [{**first, "content": f"{system}\n\n{first.get('content') or ''}"}, *rest[1:]]
+        content = first.get("content")
+        if isinstance(content, list):  # a vision model's parts: the system text goes first
+            return [{**first, "content": [{"type": "text", "text": f"{system}\n\n"}, *content]}, *rest[1:]]
+        return [{**first, "content": f"{system}\n\n{content or ''}"}, *rest[1:]]
     return [{"role": "user", "content": system}, *rest]

@@ -2,9 +2,11 @@
 
 Content is a string or blocks: `text`; an assistant's `tool_use` (`id`, `name`, `input`) becomes a
 chat tool call (arguments = the input as JSON); a user's `tool_result` (`tool_use_id`, `content` a
-string or text blocks, `is_error`) becomes a `tool` message, before the user's other text. Thinking
-blocks are skipped (the model does not think); images, documents and server-tool blocks are
-refused naming the spot, and so is a final assistant message (a prefill to continue).
+string or text blocks, `is_error`) becomes a `tool` message, before the user's other text. A user's
+`image` blocks (decoded before parsing, http/vision/) make its content chat_messages.py's list of
+parts. Thinking blocks are skipped (the model does not think); documents, server-tool blocks and
+images anywhere but a user's content are refused naming the spot, and so is a final assistant
+message (a prefill to continue).
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rillet.http.openai.chat_messages import Images, image_entry
 from rillet.http.openai.errors import bad_request, unsupported
 from rillet.http.openai.fields import type_name
 
 _SKIPPED = ("thinking", "redacted_thinking")
 
 
-def chat_messages(system: Any, messages: Any) -> list[dict[str, Any]]:
+def chat_messages(system: Any, messages: Any, images: Images | None = None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if system is not None:
         text = _text(system, "system")
@@ -29,7 +32,7 @@ def chat_messages(system: Any, messages: Any) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise bad_request(f"messages: must be a non-empty array, got {type_name(messages)}", param="messages")
     for i, msg in enumerate(messages):
-        _message(msg, f"messages.{i}", out)
+        _message(msg, f"messages.{i}", out, images)
     if out[-1]["role"] == "assistant":
         raise unsupported(
             "messages", "ending with an assistant message (a prefill to continue) is not supported"
@@ -37,7 +40,7 @@ def chat_messages(system: Any, messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _message(msg: Any, where: str, out: list[dict[str, Any]]) -> None:
+def _message(msg: Any, where: str, out: list[dict[str, Any]], images: Images | None) -> None:
     if not isinstance(msg, dict):
         raise bad_request(f"{where}: must be an object, got {type_name(msg)}", param=where)
     role = msg.get("role")
@@ -55,17 +58,21 @@ def _message(msg: Any, where: str, out: list[dict[str, Any]]) -> None:
     if role == "assistant":
         out.append(_assistant(content, spot))
         return
-    texts: list[str] = []
+    parts: list[dict[str, Any]] = []
     for j, block in enumerate(content):
         kind = _kind(block, f"{spot}.{j}")
         if kind == "tool_result":
             out.append(_tool_result(block, f"{spot}.{j}"))
         elif kind == "text":
-            texts.append(_block_text(block, f"{spot}.{j}"))
+            parts.append({"type": "text", "text": _block_text(block, f"{spot}.{j}")})
+        elif kind == "image":
+            parts.append(image_entry(images, f"{spot}.{j}"))
         elif kind not in _SKIPPED:
             raise unsupported(f"{spot}.{j}.type", f"{kind!r} blocks are not supported")
-    if texts or not content:
-        out.append({"role": "user", "content": "\n".join(texts)})
+    if any(p["type"] == "image" for p in parts):
+        out.append({"role": "user", "content": parts})
+    elif parts or not content:
+        out.append({"role": "user", "content": "\n".join(p["text"] for p in parts)})
 
 
 def _assistant(content: list[Any], spot: str) -> dict[str, Any]:

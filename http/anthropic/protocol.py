@@ -6,8 +6,9 @@ Read and used: `model`, `max_tokens` (required, as Anthropic), `messages`, `syst
 `response_format`), and the extensions `ignore_eos` and `priority` (vLLM's, scheduler.policy
 priority; http/openai/fields.py). Accepted and ignored: `metadata`, `thinking`
 (the model does not think), `output_config.effort`, `service_tier`, `cache_control` (the prefix
-cache is automatic), `inference_geo`, `speed`. Refused with a 400: `container`, `mcp_servers`,
-server tools, image and document blocks, a final assistant message (prefill).
+cache is automatic), `inference_geo`, `speed`. A user's `image` blocks are taken by a vision model
+(http/vision/). Refused with a 400: `container`, `mcp_servers`, server tools, document blocks,
+images for a text model, a final assistant message (prefill).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from rillet.core.structured.spec import GrammarSpec
 from rillet.http.anthropic.messages import chat_messages
 from rillet.http.anthropic.tools import parse_tools
+from rillet.http.openai.chat_messages import Images, expand_prompt
 from rillet.http.openai.errors import bad_request, unsupported
 from rillet.http.openai.fields import Body, opt_dict, type_name
 from rillet.http.openai.protocol import GenRequest, Limits, chat_request, check_model
@@ -28,14 +30,14 @@ _SAMPLING = ("temperature", "top_p", "top_k", "max_tokens", "stream", "ignore_eo
 _REFUSED = ("container", "mcp_servers")
 
 
-def parse_messages(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
+def parse_messages(body: Body, tokenizer: Any, limits: Limits, images: Images | None = None) -> GenRequest:
     lora = check_model(body, limits)
     for name in _REFUSED:
         if body.get(name) not in (None, [], {}):
             raise unsupported(name, "is not supported by this server")
     if body.get("max_tokens") is None:
         raise bad_request("max_tokens: Field required", param="max_tokens", code="missing_required_parameter")
-    messages = chat_messages(body.get("system"), body.get("messages"))
+    messages = chat_messages(body.get("system"), body.get("messages"), images)
     tools = parse_tools(body)
     grammar = _output_format(body)
     if tools is not None and tools.mode != "auto" and grammar is not None:
@@ -55,11 +57,13 @@ def parse_messages(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
     return dataclasses.replace(gen, lora=lora)  # `sampling` holds no `model`
 
 
-def count_tokens(body: Body, tokenizer: Any, limits: Limits) -> int:
-    """POST /v1/messages/count_tokens: the prompt's tokens as /v1/messages would build it."""
+def count_tokens(body: Body, tokenizer: Any, limits: Limits, images: Images | None = None) -> int:
+    """POST /v1/messages/count_tokens: the prompt's tokens as /v1/messages would build it (its
+    images' tokens included)."""
     check_model(body, limits)
-    messages = chat_messages(body.get("system"), body.get("messages"))
-    return len(render_chat_ids(tokenizer, messages, parse_tools(body)))
+    messages = chat_messages(body.get("system"), body.get("messages"), images)
+    ids = render_chat_ids(tokenizer, messages, parse_tools(body))
+    return len(expand_prompt(limits.vision, ids, messages, "messages")[0])
 
 
 def _output_format(body: Body) -> GrammarSpec | None:

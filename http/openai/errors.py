@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 from rillet.core.errors import AdapterError, EngineDeadError, ErrorKind, QueueFullError, RequestError
 from rillet.core.sequence import FinishReason
+from rillet.core.vision.image import ImageError
 
 JSON_CONTENT_TYPE = "application/json"
 
@@ -50,6 +51,12 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 def unsupported(param: str, what: str = "is not supported by this server") -> ApiError:
     return ApiError(400, f"'{param}' {what}", param=param, code="unsupported_parameter")
+
+
+def image_refused(err: ImageError) -> ApiError:
+    """A refused image (core/vision/image.py): the message and `param` name the part, `code` is the
+    error's kind (not_base64, too_many_pixels, forbidden, not_supported, ...)."""
+    return ApiError(400, str(err), param=err.part, code=err.kind.value)
 
 
 def model_not_found(model: str) -> ApiError:

@@ -16,7 +16,8 @@ from typing import Any, Literal
 from rillet.core.sampling_params import MAX_LOGPROBS, SamplingParams
 from rillet.core.structured.json_style import FLEXIBLE
 from rillet.core.structured.spec import GrammarSpec
-from rillet.http.openai.chat_messages import parse_messages
+from rillet.core.vision.front import VisionFront
+from rillet.http.openai.chat_messages import Images, expand_prompt, parse_messages
 from rillet.http.openai.compat.guided import parse_guided
 from rillet.http.openai.compat.refused import refuse_extensions
 from rillet.http.openai.errors import bad_request, model_not_found, unsupported
@@ -70,6 +71,7 @@ class Limits:
     # and unload while serving)
     adapters: Container[str] = frozenset()
     priorities: bool = False  # scheduler.policy priority: a request's `priority` other than 0 is taken
+    vision: VisionFront | None = None  # a vision-language model's image front end (engine.vision)
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class GenRequest:
     tool_check: GrammarSpec | None = None
     lora: str | None = None  # the LoRA adapter `model` named (None: the base model)
     priority: int = 0  # lower runs first (scheduler.policy priority)
+    mm: object | None = None  # a vision model's image payload for the engine (NewRequest.mm)
 
     @property
     def num_choices(self) -> int:
@@ -100,14 +103,14 @@ class GenRequest:
         return 1 if self.tools is not None and not self.tools.parallel else None
 
 
-def parse_chat(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
+def parse_chat(body: Body, tokenizer: Any, limits: Limits, images: Images | None = None) -> GenRequest:
     _check_common(body, limits)
     tools = parse_tools(body)
     grammar = _output_format(body)
     if tools is not None and tools.mode != "auto" and grammar is not None:
         field = "response_format" if grammar.param.startswith("response_format") else grammar.param
         raise unsupported(field, "cannot be combined with tool_choice 'required' or a named function")
-    messages = parse_messages(body.get("messages"))
+    messages = parse_messages(body.get("messages"), images)
     logprobs = _chat_logprobs(body)
     if tools is not None and logprobs is not None:
         raise unsupported("logprobs", "together with 'tools' is not supported")
@@ -138,13 +141,14 @@ def chat_request(
     if tools is not None and tools.mode != "auto":
         grammar = tools.grammar(limits.json_options, limits.max_tool_calls)
     ids = render_chat_ids(tokenizer, messages, tools, prompt_field)
+    ids, mm = expand_prompt(limits.vision, ids, messages, prompt_field)
     gen = _build("chat", body, [ids], prompt_field, max_tokens_field, logprobs, None, limits, grammar)
     check = (
         ToolSetup(tools.tools, "required", None, False).grammar(limits.json_options, 1)
         if tools and tools.mode == "auto"
         else None
     )
-    return dataclasses.replace(gen, tools=tools, tool_check=check)
+    return dataclasses.replace(gen, tools=tools, tool_check=check, mm=mm)
 
 
 def parse_completion(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
@@ -163,6 +167,7 @@ def parse_completion(body: Body, tokenizer: Any, limits: Limits) -> GenRequest:
             param="prompt",
         )
     prompts, texts = _completion_prompts(prompt, tokenizer, limits.vocab_size)
+    prompts = [expand_prompt(limits.vision, p, [], "prompt")[0] for p in prompts]  # no placeholders
     if echo:
         texts = [t if t is not None else tokenizer.decode(ids) for ids, t in zip(prompts, texts, strict=True)]
     echo_texts = [t or "" for t in texts] if echo else None

@@ -3,16 +3,18 @@
 Items: messages (`role` user / assistant / system / developer; content a string or parts of type
 `input_text` / `output_text`), `function_call` (an assistant's call: `call_id`, `name`,
 `arguments`), `function_call_output` (its result: `call_id`, `output`). Consecutive calls join the
-assistant message before them, as chat's `tool_calls`; an output becomes a `tool` message. Items of
-type `reasoning` carry nothing this model can use and are skipped; images, files, audio and item
-references are refused naming the spot.
+assistant message before them, as chat's `tool_calls`; an output becomes a `tool` message. A user
+message's `input_image` parts (decoded before parsing, http/vision/) make its content
+chat_messages.py's list of parts. Items of type `reasoning` carry nothing this model can use and
+are skipped; images elsewhere or for a text model, files, audio and item references are refused
+naming the spot.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rillet.http.openai.chat_messages import text_content
+from rillet.http.openai.chat_messages import Images, text_content, user_content
 from rillet.http.openai.errors import bad_request, unsupported
 from rillet.http.openai.fields import type_name
 
@@ -22,7 +24,7 @@ _TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "ref
 _SKIPPED = ("reasoning",)
 
 
-def input_messages(value: Any) -> list[dict[str, Any]]:
+def input_messages(value: Any, images: Images | None = None) -> list[dict[str, Any]]:
     if value is None:
         raise bad_request("you must provide 'input'", param="input", code="missing_required_parameter")
     if isinstance(value, str):
@@ -33,16 +35,16 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
         )
     out: list[dict[str, Any]] = []
     for i, item in enumerate(value):
-        _item(item, f"input[{i}]", out)
+        _item(item, f"input[{i}]", out, images)
     return out
 
 
-def _item(item: Any, where: str, out: list[dict[str, Any]]) -> None:
+def _item(item: Any, where: str, out: list[dict[str, Any]], images: Images | None) -> None:
     if not isinstance(item, dict):
         raise bad_request(f"'{where}' must be an object, got {type_name(item)}", param=where)
     kind = item.get("type", "message")
     if kind == "message":
-        out.append(_message(item, where))
+        out.append(_message(item, where, images))
     elif kind == "function_call":
         _function_call(item, where, out)
     elif kind == "function_call_output":
@@ -51,14 +53,18 @@ def _item(item: Any, where: str, out: list[dict[str, Any]]) -> None:
         raise unsupported(f"{where}.type", f"{kind!r} is not supported")
 
 
-def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
+def _message(item: dict[str, Any], where: str, images: Images | None) -> dict[str, Any]:
     role = item.get("role")
     if not isinstance(role, str) or role not in _ROLES:
         raise bad_request(
             f"'{where}.role' must be one of assistant, developer, system, user, got {role!r}",
             param=f"{where}.role",
         )
-    content = text_content(item.get("content"), f"{where}.content", _TEXT_PARTS)
+    spot = f"{where}.content"
+    if role == "user":
+        content = user_content(item.get("content"), spot, images, _TEXT_PARTS, "input_image")
+    else:
+        content = text_content(item.get("content"), spot, _TEXT_PARTS)
     return {"role": _ROLES[role], "content": content}
 
 

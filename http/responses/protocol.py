@@ -9,7 +9,8 @@ Accepted and ignored (the engine has nothing they could change): `reasoning`, `i
 `message.output_text.logprobs`), `truncation`, `text.verbosity`, `user`, `service_tier`,
 `safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`, `max_tool_calls`,
 `stream_options`. Refused with a 400 naming them: `background: true`, `conversation`, `prompt`,
-`top_logprobs` > 0, logprobs through `include`, built-in tools, non-text input parts.
+`top_logprobs` > 0, logprobs through `include`, built-in tools, input parts other than text and a
+user's `input_image` (taken by a vision model, http/vision/).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from rillet.http.openai.chat_messages import Images
 from rillet.http.openai.errors import bad_request, unsupported
 from rillet.http.openai.fields import Body, opt_bool, opt_dict, opt_int, opt_str, type_name
 from rillet.http.openai.protocol import GenRequest, Limits, chat_request, check_model
@@ -57,13 +59,18 @@ def previous_response_id(body: Body) -> str | None:
 
 
 def parse_responses(
-    body: Body, tokenizer: Any, limits: Limits, previous: list[dict[str, Any]] | None = None
+    body: Body,
+    tokenizer: Any,
+    limits: Limits,
+    previous: list[dict[str, Any]] | None = None,
+    images: Images | None = None,
 ) -> ResponsesRequest:
-    """`previous`: the stored conversation of `previous_response_id` (looked up by the caller)."""
+    """`previous`: the stored conversation of `previous_response_id` (looked up by the caller; its
+    images are kept in it). `images`: the request's own, decoded (http/vision/loader.py)."""
     lora = check_model(body, limits)
     _refuse(body)
     instructions = opt_str(body, "instructions")
-    messages = [*(previous or []), *input_messages(body.get("input"))]
+    messages = [*(previous or []), *input_messages(body.get("input"), images)]
     tools = parse_tools(body)
     grammar = parse_text_format(body)
     if tools is not None and tools.mode != "auto" and grammar is not None:

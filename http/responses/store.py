@@ -4,7 +4,8 @@ entry living `responses.store_ttl_s`; the oldest goes first. Kept on the event l
 An entry holds the response object (GET /v1/responses/{id} answers it), the request's input items
 (GET /v1/responses/{id}/input_items) and the conversation up to and including that answer, in chat
 shape (`previous_response_id` continues it; the prefix cache then finds the earlier turns' KV
-blocks, so a continued conversation prefills only its new turn).
+blocks, so a continued conversation prefills only its new turn). A vision model's conversation
+keeps its decoded images (they are part of the prompt a continuation rebuilds).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ class Stored:
     expires: float
     size: int  # the conversation's bytes as JSON: how much a request continuing it parses
     inputs: list[dict[str, Any]]  # the request's input items (GET .../input_items)
+
+
+def _no_bytes(_: object) -> None:
+    """A decoded image in the conversation (chat_messages.py's image entry) counts as no text."""
+    return None
 
 
 class ResponseStore:
@@ -48,7 +54,7 @@ class ResponseStore:
             return
         now = self._clock()
         self._expire(now)
-        size = len(orjson.dumps(messages))
+        size = len(orjson.dumps(messages, default=_no_bytes))
         self._entries[rid] = Stored(response, messages, now + self._ttl, size, inputs or [])
         while len(self._entries) > self._size:
             self._entries.popitem(last=False)

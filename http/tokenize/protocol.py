@@ -9,14 +9,15 @@ detokenized text is also sent as `content`. `model` is optional (llama.cpp has n
 must name the served model or a loaded adapter (they share the tokenizer).
 
 The ids are the ones a generation request would be given: a prompt is encoded as /v1/completions
-encodes it, messages are rendered as /v1/chat/completions renders them (template, tools).
+encodes it, messages are rendered as /v1/chat/completions renders them (template, tools; a vision
+model's images expanded into their image tokens).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rillet.http.openai.chat_messages import parse_messages
+from rillet.http.openai.chat_messages import Images, expand_prompt, parse_messages
 from rillet.http.openai.errors import bad_request
 from rillet.http.openai.fields import Body, check_vocab, is_int, opt_bool, type_name
 from rillet.http.openai.protocol import Limits, check_model
@@ -26,7 +27,7 @@ from rillet.http.openai.tools import parse_tools
 _PROMPT_FIELDS = ("prompt", "content", "messages")
 
 
-def tokenize(body: Body, tokenizer: Any, limits: Limits) -> dict[str, Any]:
+def tokenize(body: Body, tokenizer: Any, limits: Limits, images: Images | None = None) -> dict[str, Any]:
     _check_model(body, limits)
     given = [name for name in _PROMPT_FIELDS if body.get(name) is not None]
     if len(given) != 1:
@@ -35,7 +36,10 @@ def tokenize(body: Body, tokenizer: Any, limits: Limits) -> dict[str, Any]:
             param=given[1] if len(given) > 1 else "prompt",
             code="missing_required_parameter" if not given else None,
         )
-    ids = _chat_ids(body, tokenizer) if given[0] == "messages" else _text_ids(body, given[0], tokenizer)
+    if given[0] == "messages":
+        ids = _chat_ids(body, tokenizer, limits, images)
+    else:
+        ids = _text_ids(body, given[0], tokenizer)
     out: dict[str, Any] = {"count": len(ids), "max_model_len": limits.max_model_len, "tokens": ids}
     if opt_bool(body, "return_token_strs"):
         out["token_strs"] = [tokenizer.id_to_token(i) for i in ids]
@@ -77,7 +81,8 @@ def _text_ids(body: Body, field: str, tokenizer: Any) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=special))
 
 
-def _chat_ids(body: Body, tokenizer: Any) -> list[int]:
-    messages = parse_messages(body.get("messages"))
+def _chat_ids(body: Body, tokenizer: Any, limits: Limits, images: Images | None) -> list[int]:
+    messages = parse_messages(body.get("messages"), images)
     generation = opt_bool(body, "add_generation_prompt")
-    return render_chat_ids(tokenizer, messages, parse_tools(body), "messages", generation is not False)
+    ids = render_chat_ids(tokenizer, messages, parse_tools(body), "messages", generation is not False)
+    return expand_prompt(limits.vision, ids, messages, "messages")[0]

@@ -57,7 +57,7 @@ def test_malformed_json_and_non_object(synth_server: BackgroundServer, model: st
         ("min_tokens", 10, "min_tokens"),
         ("messages", [], "messages"),
         ("messages", [{"role": "wizard", "content": "x"}], "messages[0].role"),
-        ("messages", [{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content[0].type"),
+        ("messages", [{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content[0]"),
         ("model", 5, "model"),
         ("top_logprobs", 2, "top_logprobs"),
         ("stream_options", {"include_usage": True}, "stream_options"),

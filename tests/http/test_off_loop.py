@@ -1,5 +1,6 @@
 """Where a request's parsing runs: inline on the event loop for a small prompt, on a worker thread
-for a long one, counting prompt text the body does not carry (a stored conversation it continues)."""
+for a long one, counting prompt text the body does not carry (a stored conversation it continues),
+and on a worker whatever its size for a vision model."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import Any
 from rillet.http.handlers import INLINE_PARSE_BYTES, off_loop
 
 
-def _thread_of(content_length: int | None, extra_bytes: int = 0, body: bytes = b"") -> bool:
+def _thread_of(
+    content_length: int | None, extra_bytes: int = 0, body: bytes = b"", worker: bool = False
+) -> bool:
     """True if the parse ran on the event loop's thread."""
 
     async def read() -> bytes:
@@ -20,7 +23,7 @@ def _thread_of(content_length: int | None, extra_bytes: int = 0, body: bytes = b
     async def run() -> bool:
         request: Any = SimpleNamespace(content_length=content_length, read=read)
         loop_thread = threading.get_ident()
-        ran_on = await off_loop(request, threading.get_ident, extra_bytes=extra_bytes)
+        ran_on = await off_loop(request, threading.get_ident, extra_bytes=extra_bytes, worker=worker)
         return ran_on == loop_thread
 
     return asyncio.run(run())
@@ -39,3 +42,8 @@ def test_a_long_body_is_parsed_on_a_worker() -> None:
 
 def test_a_short_body_continuing_a_long_conversation_is_parsed_on_a_worker() -> None:
     assert not _thread_of(200, extra_bytes=INLINE_PARSE_BYTES)
+
+
+def test_a_vision_models_prompt_is_parsed_on_a_worker() -> None:
+    """Its parse ends in `engine.vision.expand` (image preprocessing), never on the loop."""
+    assert not _thread_of(200, worker=True)

@@ -82,6 +82,7 @@ class FakeEngine:
         self.steps_allowed.set()
         self.fail_request_ids: set[str] = set()  # tests: these requests end with FinishReason.ERROR
         self.priorities: list[int] = []  # tests: each added request's `priority`, in order
+        self.added: list[NewRequest] = []  # tests: each added request, in order
         self._dead = False
         self._stop = False
         self._inbox: deque[tuple[str, Any]] = deque()
@@ -140,6 +141,7 @@ class FakeEngine:
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             raise RequestError("prompt", "too long")
         self.priorities.append(r.priority)
+        self.added.append(r)
         seqs = []
         for i in range(r.n):
             seed = None if params.seed is None else params.seed + i

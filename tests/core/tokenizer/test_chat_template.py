@@ -5,7 +5,7 @@ the system message in the first user turn."""
 from __future__ import annotations
 
 import pytest
-from rillet.core.tokenizer.chat_template import ChatTemplateError
+from rillet.core.tokenizer.chat_template import ChatTemplateError, fold_system_message
 from rillet.core.tokenizer.tokenizer import Tokenizer
 
 
@@ -75,3 +75,19 @@ def test_template_without_a_system_role_gets_it_in_the_first_user_turn(ours: Tok
     assert tok.apply_chat_template(messages[1:]) == want.replace("Be brief.\n\n", "")
     with pytest.raises(ChatTemplateError, match="must alternate"):  # its other rules still hold
         tok.apply_chat_template([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+
+
+def test_a_folded_system_message_goes_before_a_vision_turns_parts() -> None:
+    """A user turn with images is a list of parts (core/vision/front.py): the system text becomes
+    its first text part, the image entries stay as they are."""
+    image = {"type": "image"}
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [image, {"type": "text", "text": "?"}]},
+    ]
+    assert fold_system_message(messages) == [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Be brief.\n\n"}, image, {"type": "text", "text": "?"}],
+        }
+    ]

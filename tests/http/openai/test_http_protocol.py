@@ -146,9 +146,10 @@ def test_constrained_requests_get_the_default_repetition_penalty(
 
 
 def test_chat_content_parts_name_the_spot_they_refuse() -> None:
-    """Chat takes `text` parts only (the same parser as /v1/responses, with its own part types)."""
+    """Chat takes `text` parts (the same parser as /v1/responses, with its own part types), and
+    images only for a vision model: here the part itself is named."""
     cases = [
-        ([{"type": "image_url", "image_url": {"url": "x"}}], "messages[0].content[0].type"),
+        ([{"type": "image_url", "image_url": {"url": "x"}}], "messages[0].content[0]"),
         ([{"type": "input_text", "text": "a"}], "messages[0].content[0].type"),  # a Responses part
         ([{"type": "text", "text": None}], "messages[0].content[0].text"),
         ([7], "messages[0].content[0]"),

@@ -131,7 +131,7 @@ def test_content_parts_name_the_spot_they_refuse() -> None:
         {"role": "assistant", "content": "a\nno"}
     ]
     bad = [
-        ([{"type": "input_image", "image_url": "x"}], "input[0].content[0].type", 400),
+        ([{"type": "input_image", "image_url": "x"}], "input[0].content[0]", 400),  # a text model
         ([{"type": "input_text", "text": 3}], "input[0].content[0].text", 400),
         ([{"type": "refusal", "text": "no"}], "input[0].content[0].refusal", 400),
         (["text"], "input[0].content[0]", 400),
