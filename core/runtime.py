@@ -78,6 +78,10 @@ class Runtime:
     lora: LoraRegistry | None = None  # LoRA adapters (core/lora/), None when lora asks for none
     timeline: DeviceTimeline | None = None  # CUDA: the device's busy / idle time across steps
     deterministic: bool = False  # engine.deterministic, resolved: batch-invariant kernels serve
+    # what the routers' worker API reports (http/worker/): the weights' file or folder, and the
+    # Hugging Face model_type (llama, qwen2, bert, ...; "synthetic" for the null engine)
+    model_path: str = ""
+    model_type: str = ""
 
 
 def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime:
@@ -95,11 +99,13 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
     name = served_name(cfg, src)
     if src.kind == "synthetic":
         refuse_unsupported(cfg, "the synthetic model")
-        return _synthetic_runtime(cfg, tokenizer, name, device, precision.dtype, report, setup)
+        rt = _synthetic_runtime(cfg, tokenizer, name, device, precision.dtype, report, setup)
+        return replace(rt, model_path=name, model_type="synthetic")
     report("weights", 0.1)
     if setup.encoder:
         refuse_unsupported(cfg, "an encoder (embeddings only)")
-        return _encoder_runtime(cfg, src, setup, tokenizer, name, device, precision, report)
+        rt = _encoder_runtime(cfg, src, setup, tokenizer, name, device, precision, report)
+        return replace(rt, model_path=_path_of(src, name), model_type=src.st.model_type if src.st else "")
     if "generate" not in setup.tasks:  # embeddings never decode: no decode step to compile
         cfg = replace(cfg, graphs=replace(cfg.graphs, enabled="off"))
     with _cluster(cfg, src, device, precision) as cluster:
@@ -143,7 +149,14 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         lora=lora,
         timeline=own.timeline,
         deterministic=invariant,
+        model_path=_path_of(src, name),
+        model_type=model.arch.architecture,
     )
+
+
+def _path_of(src: ModelSource, name: str) -> str:
+    """The weights' file or folder (a shape model has none: its served name)."""
+    return str(src.path) if src.path is not None else name
 
 
 def _encoder_runtime(

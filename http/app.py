@@ -28,6 +28,7 @@ from rillet.http.responses_api import create_response, delete_response, get_resp
 from rillet.http.state import ServerState
 from rillet.http.tokenize.routes import detokenize_handler, tokenize_handler
 from rillet.http.ui.routes import add_ui_routes
+from rillet.http.worker.routes import add_worker_routes
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,7 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_get("/v1/models/{model:.+}", get_model)  # ids may hold / (org/name)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    add_worker_routes(app)  # the routers' worker API (docs/worker-api.md)
     if state.cfg.server.ui == "on":
         add_ui_routes(app)
     return app

@@ -8,9 +8,11 @@ that the front end stays importable (and testable) without loading the model sta
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 from rillet.core.config import RilletConfig
+from rillet.core.engine.block_manager import PrefixFlush
 from rillet.core.engine.inbox import NewEmbedding, NewRequest
 from rillet.core.outputs import StepOutput
 from rillet.core.ring import SpscRing
@@ -103,6 +105,17 @@ class LoraEngine(Protocol):
     def load_lora(self, name: str, path: str) -> None: ...
 
     def unload_lora(self, name: str) -> None: ...
+
+
+class WorkerEngine(Protocol):
+    """What the routers' worker API (http/worker/) needs beyond EngineLike (core/engine/engine.py)."""
+
+    model_path: str  # the weights' file or folder
+    model_type: str  # Hugging Face model_type
+
+    def flush_prefix_cache(self) -> Future[PrefixFlush]:
+        """Runs on the engine thread; EngineDeadError when it is gone."""
+        ...
 
 
 ProgressFn = Callable[[str, float], None]

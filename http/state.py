@@ -14,9 +14,11 @@ import logging
 import time
 from typing import Literal
 
+from prometheus_client.core import Metric
 from rillet.core.config import RilletConfig
 from rillet.core.structured.json_style import json_options
 from rillet.http.engine_api import EngineLike, vocab_size
+from rillet.http.metrics.model_server import ModelServerSeries, ServerFacts, model_server_families
 from rillet.http.metrics.registry import Metrics, Sample, dispatch_samples, engine_samples
 from rillet.http.net.auth import ApiKeys
 from rillet.http.net.conn_limits import ConnLimits
@@ -44,6 +46,8 @@ class ServerState:
         self.keys = ApiKeys(cfg.server.api_keys, OPEN_ROUTES)
         self.cors = Cors(cfg.server.cors_allowed_origins)
         self.metrics = Metrics(self._samples)
+        self._facts: ServerFacts | None = None  # the Model Server Protocol's fixed labels, once attached
+        self.metrics.registry.register(ModelServerSeries(self._model_server_families))
         self.connections = ConnLimits(cfg.server, self.metrics.registry)
         self.engine: EngineLike | None = None
         self.dispatcher: Dispatcher | None = None
@@ -88,6 +92,14 @@ class ServerState:
             write_last=cfg.stream.write_order == "after_release",
         )
         disp.attach(asyncio.get_running_loop())
+        ecfg = engine.cfg  # the pool's own config (the server's differs only in tests)
+        self._facts = ServerFacts(
+            model_name=engine.model_name,
+            block_size=ecfg.cache.block_size,
+            cache_dtype=ecfg.cache.dtype,
+            prefix_caching=ecfg.cache.prefix_caching,
+            max_lora=ecfg.lora.max_loras if getattr(engine, "lora", None) is not None else 0,
+        )
         self.dispatcher = disp
         self._tasks = [asyncio.create_task(self._watch(disp, engine), name="rillet-engine-watch")]
         self.phase = "ready"
@@ -142,3 +154,9 @@ class ServerState:
         gate = getattr(engine, "gate", None)  # engines without one (test doubles): none
         parks, parked_s = (gate.parks, gate.parked_s) if gate is not None else (0, 0.0)
         return samples + dispatch_samples(disp.tokens_routed, disp.cpu_seconds, parks, parked_s)
+
+    def _model_server_families(self) -> list[Metric]:
+        engine, facts = self.engine, self._facts
+        if engine is None or facts is None:
+            return []
+        return model_server_families(engine.stats(), facts, time.time())

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from rillet.core.sequence import Seq
 
@@ -36,6 +37,14 @@ class PrefixStats:
     queried_tokens: int = 0  # prompt tokens looked up at admission
     hit_tokens: int = 0  # of those, reused from the cache
     evictions: int = 0  # cached blocks dropped to make room
+
+
+class PrefixFlush(NamedTuple):
+    """What `reset_prefix_cache` did: blocks forgotten (they are free now), and blocks that keep
+    their keys because running sequences hold them (they are cached again once released)."""
+
+    flushed_blocks: int
+    kept_blocks: int
 
 
 class BlockManager:
@@ -175,12 +184,16 @@ class BlockManager:
         seq.num_computed = 0
         self._seq_hashes.pop(seq.seq_id, None)
 
-    def reset_prefix_cache(self) -> None:
-        """Forgets every cached-free block (used blocks keep their keys)."""
+    def reset_prefix_cache(self) -> PrefixFlush:
+        """Forgets every cached-free block. Used blocks keep their keys: a running sequence's
+        blocks stay findable (forgetting them would only make its next block's key differ from an
+        identical request's), and return to the cache when it releases them."""
+        flushed = len(self._cached_free)
         for b in list(self._cached_free):
             del self._block_of[self._key_of.pop(b)]
             self._free.append(b)
         self._cached_free.clear()
+        return PrefixFlush(flushed, len(self._key_of))
 
     # ---- internals ---------------------------------------------------------------------------
     def _ref(self, b: int) -> None:

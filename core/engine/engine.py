@@ -13,9 +13,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 
 from rillet.core.config import RilletConfig
 from rillet.core.engine.admission import Admission
+from rillet.core.engine.block_manager import PrefixFlush
 from rillet.core.engine.core import EngineCore
 from rillet.core.engine.handoff.gil_gate import EngineGate, resolve_gate
 from rillet.core.engine.handoff.publisher import Publisher, resolve_handoff
@@ -100,6 +102,7 @@ class Engine:
         self.model_name, self.max_model_len, self.tasks = a.model_name, a.max_model_len, a.tasks
         self.lora, self.embedding_size, self.grammars = a.lora, a.embedding_size, a.grammars
         self.vocab_size = a.vocab_size
+        self.model_path, self.model_type = rt.model_path, rt.model_type
         if rt.cluster is not None:
             rt.cluster.watch(self.fail)
         self.handoff_s = resolve_handoff(self.cfg, rt.device.type)
@@ -122,6 +125,7 @@ class Engine:
             if not self._stop:
                 self._run()
         finally:
+            self._inbox.cancel_calls(self.error or "the engine stopped")
             if self.gate is not None:
                 self.gate.open()
             self.runtime.runner.close()
@@ -245,6 +249,12 @@ class Engine:
     def abort(self, request_id: str) -> None:
         self._inbox.abort(request_id)
 
+    def flush_prefix_cache(self) -> Future[PrefixFlush]:
+        """Empties the prefix cache of the blocks no running sequence holds, on the engine thread
+        between two steps (the block pool is that thread's alone): its result once done."""
+        self._check_alive()
+        return self._inbox.call(lambda core: core.blocks.reset_prefix_cache())
+
     def prepare_grammar(self, spec: GrammarSpec) -> None:
         """Compiles `spec` into the grammar cache (any thread; the HTTP layer runs it on a worker
         under `structured.compile_timeout_s`). Raises GrammarError (a ValueError) naming the field."""
@@ -293,6 +303,7 @@ class Engine:
             self._dead = True
             publisher.salvage()  # tokens already produced go out before the failures
             self._fail_everything()
+            self._inbox.cancel_calls(self.error)
             raise
 
     def _idle(self, timeout: float) -> None:

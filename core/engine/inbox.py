@@ -1,5 +1,5 @@
-"""What other threads hand the engine thread: new requests and aborts, taken in one drain at the
-top of every step.
+"""What other threads hand the engine thread: new requests, aborts and calls (work on the engine's
+own state, such as emptying the prefix cache), taken in one drain at the top of every step.
 
 Any thread puts (the event loop, the offline API); only the engine thread drains. A deque's
 append and popleft are atomic under the GIL, so there is no lock: a request is one item, and the
@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, NamedTuple, TypeAlias
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, TypeVar
 
 from rillet.core.sampling_params import SamplingParams
 
@@ -23,6 +25,7 @@ if TYPE_CHECKING:  # NewRequest is the HTTP layer's too, which must not import t
     from rillet.core.sequence import Seq
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class NewRequest(NamedTuple):
@@ -46,8 +49,26 @@ class NewEmbedding(NamedTuple):
     deadline: float | None = None
 
 
-# A new request's sequences, several requests' (one put), or the id of a request to abort.
-_Item: TypeAlias = "list[Seq] | tuple[list[Seq], ...] | str"
+class _Call:
+    """`fn(core)` to run on the engine thread, between steps; its result (or error) in `future`."""
+
+    __slots__ = ("fn", "future")
+
+    def __init__(self, fn: Callable[[EngineCore], Any]) -> None:
+        self.fn = fn
+        self.future: Future[Any] = Future()
+
+    def run(self, core: EngineCore) -> None:
+        if not self.future.set_running_or_notify_cancel():
+            return  # the caller gave up waiting
+        try:
+            self.future.set_result(self.fn(core))
+        except Exception as exc:  # the caller's to report; the engine goes on
+            self.future.set_exception(exc)
+
+
+# A new request's sequences, several requests' (one put), the id of a request to abort, or a call.
+_Item: TypeAlias = "list[Seq] | tuple[list[Seq], ...] | str | _Call"
 
 
 class Inbox:
@@ -75,6 +96,22 @@ class Inbox:
         self._items.append(request_id)
         self._wake.set()
 
+    def call(self, fn: Callable[[EngineCore], T]) -> Future[T]:
+        """Runs `fn(core)` on the engine thread at its next drain, in order with the requests and
+        aborts put before it: the core's state is the engine thread's alone, so this is the one
+        safe way for another thread to change it."""
+        item = _Call(fn)
+        self._items.append(item)
+        self._wake.set()
+        return item.future
+
+    def cancel_calls(self, reason: str) -> None:
+        """The engine thread is gone: calls still queued fail rather than leave their callers
+        waiting forever."""
+        for item in list(self._items):
+            if isinstance(item, _Call) and item.future.set_running_or_notify_cancel():
+                item.future.set_exception(RuntimeError(reason))
+
     def drain(self, core: EngineCore) -> list[SeqDelta]:
         """On the engine thread: everything put so far into `core`, in order; the deltas of
         aborts and of requests the core refused."""
@@ -84,6 +121,9 @@ class Inbox:
             item = items.popleft()
             if isinstance(item, str):
                 deltas.extend(core.abort(item))
+                continue
+            if isinstance(item, _Call):
+                item.run(core)
                 continue
             for seqs in item if isinstance(item, tuple) else (item,):
                 try:

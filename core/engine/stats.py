@@ -6,12 +6,14 @@ another, so one snapshot may mix two steps' counts (each count itself is whole).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from rillet.core.engine.core import EngineCore
 from rillet.core.outputs import StepOutput
 from rillet.core.ring import SpscRing
 from rillet.core.runner.inflight.device_timeline import DeviceTimeline
+from rillet.core.sequence import Seq
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,9 @@ class EngineStats:
     device_prep_seconds: float = 0.0  # of device_busy_seconds: before each step's forward
     device_idle_seconds: float = 0.0
     device_late_launches: int = 0  # launches done after the device had finished the step before
+    # LoRA adapters (names, sorted) of the running / waiting sequences (vllm:lora_requests_info)
+    lora_running: tuple[str, ...] = ()
+    lora_waiting: tuple[str, ...] = ()
 
 
 def collect_stats(
@@ -57,6 +62,7 @@ def collect_stats(
 ) -> EngineStats:
     blocks = core.blocks
     spec = core.spec.stats if core.spec is not None else None
+    sched = core.scheduler
     return EngineStats(
         running=core.num_running,
         waiting=core.num_waiting + inbox_queued,
@@ -83,4 +89,11 @@ def collect_stats(
         device_idle_seconds=timeline.idle_seconds if timeline is not None else 0.0,
         device_prep_seconds=timeline.prep_seconds if timeline is not None else 0.0,
         device_late_launches=timeline.late_launches if timeline is not None else 0,
+        lora_running=_adapters(sched.running),
+        lora_waiting=_adapters(sched.waiting),
     )
+
+
+def _adapters(seqs: Iterable[Seq]) -> tuple[str, ...]:
+    # list() copies in one C call, under the GIL: the engine thread cannot change it meanwhile
+    return tuple(sorted({s.lora.name for s in list(seqs) if s.lora is not None}))

@@ -271,3 +271,30 @@ def test_routes_absent_without_runtime_updates() -> None:
     with serving(None, "lora.allow_runtime_updates=false") as srv:
         r = post(srv, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "/x"})
         assert r.status_code == 404
+
+
+def test_lora_requests_info_names_the_running_adapter(server: BackgroundServer, engine: Any) -> None:
+    """vllm:lora_requests_info (the Model Server Protocol's LoRA series) while an adapter's request
+    runs, and after."""
+    from engine_hooks import hold_steps
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def lora_labels() -> dict[str, str]:
+        text = request(server, "GET", "/metrics", headers=AUTH).text
+        (family,) = (f for f in text_string_to_metric_families(text) if f.name == "vllm:lora_requests_info")
+        (sample,) = family.samples
+        return sample.labels
+
+    release = threading.Event()
+    body = {"model": "a1", "prompt": PROMPTS[3], "max_tokens": 4}
+    uses_lora = lambda batch: any(s.lora is not None for s in batch.seqs)  # noqa: E731
+    with hold_steps(engine, until=lambda batch: release.is_set(), when=uses_lora) as holding:
+        t = threading.Thread(target=post, args=(server, "/v1/completions", body, AUTH))
+        t.start()
+        assert holding.wait(60)
+        during = lora_labels()
+        release.set()
+        t.join(60)
+    assert during == {"running_lora_adapters": "a1", "waiting_lora_adapters": "", "max_lora": "2"}
+    wait_for(lambda: _idle(engine))
+    assert lora_labels()["running_lora_adapters"] == ""

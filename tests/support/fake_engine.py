@@ -17,12 +17,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 from http_doubles.byte_tokenizer import BOOM_MARKER, EOS, FakeTokenizer
 from http_doubles.fake_sequences import TEXT, FakeSeq
 from rillet.core.config import RilletConfig
+from rillet.core.engine.block_manager import PrefixFlush
 from rillet.core.engine.inbox import NewEmbedding, NewRequest
 from rillet.core.errors import EngineDeadError, ErrorKind, QueueFullError, RequestError
 from rillet.core.outputs import SeqDelta, StepOutput
@@ -61,6 +63,9 @@ class FakeEngine:
         self.cfg = cfg
         self.tokenizer = FakeTokenizer()
         self.model_name = "fake-model"
+        self.model_path = "/models/fake-model.gguf"  # the routers' worker API (http/worker/)
+        self.model_type = "llama"
+        self.flushes = 0  # tests: flush_prefix_cache calls
         self.max_model_len = max_model_len
         self.step_s = step_ms / 1000.0
         self.ring: SpscRing[StepOutput] = SpscRing(cfg.stream.ring_capacity)
@@ -152,6 +157,15 @@ class FakeEngine:
     def abort(self, request_id: str) -> None:
         self._inbox.append(("abort", request_id))
         self._wake.set()
+
+    def flush_prefix_cache(self) -> Future[PrefixFlush]:
+        """The fake caches no prefix: nothing to forget, nothing kept."""
+        if self._dead:
+            raise EngineDeadError(self.error or "dead")
+        self.flushes += 1
+        done: Future[PrefixFlush] = Future()
+        done.set_result(PrefixFlush(0, 0))
+        return done
 
     def stats(self) -> FakeStats:
         used = sum(self._blocks(s) for g in list(self._running.values()) for s in g if s.emitted >= 0)

@@ -110,6 +110,22 @@ def test_cached_free_hits_are_counted_against_capacity() -> None:
     bm.check_integrity()
 
 
+def test_reset_forgets_free_blocks_and_keeps_held_ones() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4)
+    done, held = seq(list(range(12))), seq(list(range(100, 112)))
+    run_prefill(bm, done)
+    run_prefill(bm, held)
+    bm.free(done)  # its 3 full blocks stay cached, free
+    assert bm.reset_prefix_cache() == (3, 3)  # forgotten: done's; kept: held's (still in use)
+    assert bm.num_cached == 3 and bm.match_prefix(seq(list(range(12)))) == []
+    assert len(bm.match_prefix(seq(list(range(100, 113))))) == 3  # held's prefix still hits
+    bm.check_integrity()
+    bm.free(held)  # back to the cache once released
+    assert bm.num_cached == 3 and bm.num_used == 0
+    assert bm.reset_prefix_cache() == (3, 0) and bm.num_cached == 0
+    bm.check_integrity()
+
+
 def test_disabled_prefix_caching_never_hits() -> None:
     bm = BlockManager(num_blocks=16, block_size=2, enable_prefix_caching=False)
     run_prefill(bm, seq([1, 2, 3, 4, 5]))

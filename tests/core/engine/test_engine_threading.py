@@ -11,7 +11,7 @@ import pytest
 from engine_hooks import hold_steps, scheduled_batches
 from rillet.core.config import config_from_dict
 from rillet.core.engine.engine import Engine
-from rillet.core.engine.inbox import NewEmbedding, NewRequest
+from rillet.core.engine.inbox import Inbox, NewEmbedding, NewRequest
 from rillet.core.errors import QueueFullError
 from rillet.core.llm import LLM
 from rillet.core.sampling_params import SamplingParams
@@ -162,3 +162,19 @@ def test_the_engine_thread_is_named_for_the_os(llm: LLM) -> None:
     tid = llm.engine._thread.native_id if llm.engine._thread is not None else None
     assert tid is not None
     assert Path(f"/proc/self/task/{tid}/comm").read_text().strip() == "rillet-engine"
+
+
+def test_inbox_calls_run_at_the_drain_and_never_leave_a_caller_waiting() -> None:
+    inbox = Inbox(threading.Event())
+    core = object()  # drain hands each call the core it drains into
+    got = inbox.call(lambda c: c)
+    failed = inbox.call(lambda c: 1 // 0)
+    given_up = inbox.call(lambda c: pytest.fail("ran after its caller gave up"))
+    assert given_up.cancel() and not got.done()
+    assert inbox.drain(core) == []  # type: ignore[arg-type]
+    assert got.result(0) is core
+    assert isinstance(failed.exception(0), ZeroDivisionError)
+    orphan = inbox.call(lambda c: c)
+    inbox.cancel_calls("the engine stopped")  # the engine thread is gone: no drain will come
+    with pytest.raises(RuntimeError, match="the engine stopped"):
+        orphan.result(0)
