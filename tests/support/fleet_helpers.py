@@ -3,6 +3,7 @@ follow-up turn's cached_tokens against the prompt of the turn before it."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 import socket
@@ -48,9 +49,7 @@ class FleetProcess:
         self.port = free_port_block(8)
         argv = [str(RILLET), "fleet", "--port", str(self.port), *args]
         self.log_file = log.open("w")
-        self.proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=self.log_file, text=True, cwd=REPO
-        )
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.log_file, text=True, cwd=REPO)
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -122,7 +121,7 @@ class Conversations:
         by_conv: dict[int, list[Turn]] = {}
         for t in self.turns:
             by_conv.setdefault(t.conv, []).append(t)
-        return [(a, b) for ts in by_conv.values() for a, b in zip(ts, ts[1:], strict=False)]
+        return [(a, b) for ts in by_conv.values() for a, b in itertools.pairwise(ts)]
 
     def history_hit_rate(self) -> float:
         """Follow-ups whose cached prefix covers the turn before's whole prompt (in whole blocks)."""
@@ -148,7 +147,10 @@ def converse(
             text = document(conv, tag) if t == 0 else f"And what about part{conv}-{t}?"
             messages.append({"role": "user", "content": text})
             r = client.chat.completions.create(
-                model=model, messages=messages, max_tokens=max_tokens, temperature=0  # type: ignore[arg-type]
+                model=model,
+                messages=messages,
+                max_tokens=max_tokens,
+                temperature=0,  # type: ignore[arg-type]
             )
             assert r.usage is not None and r.usage.prompt_tokens_details is not None
             cached = r.usage.prompt_tokens_details.cached_tokens or 0

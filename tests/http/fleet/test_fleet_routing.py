@@ -55,8 +55,10 @@ def fleet(tiny_hf_model: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 def check_routing(base_url: str, replica_urls: list[str], tag: str) -> None:
+    model = served_model(base_url)  # the router's /v1/models: the name it read from the workers
+    assert model == served_model(replica_urls[0])
     before = [chat_requests_served(u) for u in replica_urls]
-    convs = converse(base_url, served_model(replica_urls[0]), n_conv=6, n_turns=4, tag=tag)
+    convs = converse(base_url, model, n_conv=6, n_turns=4, tag=tag)
     # each follow-up's cached prefix covers the whole turn before (so the system prompt too)
     assert convs.history_hit_rate() >= 0.8, convs.turns
     served = [chat_requests_served(u) - b for u, b in zip(replica_urls, before, strict=True)]
@@ -110,10 +112,12 @@ def test_killed_replica_is_routed_around_then_ctrl_c_stops_all(fleet: FleetProce
     subprocess.run(["kill", "-9", str(victim)], check=True)
     _wait_until_unhealthy(fleet.url, fleet.replica_url(1))
     client = openai.OpenAI(base_url=f"{fleet.url}/v1", api_key="x", max_retries=0, timeout=60)
-    model = served_model(fleet.replica_url(0))
+    model = served_model(fleet.url)
     for i in range(8):  # every request answered: none is sent to the dead replica
         r = client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": f"After the kill, question {i}."}], max_tokens=2
+            model=model,
+            messages=[{"role": "user", "content": f"After the kill, question {i}."}],
+            max_tokens=2,
         )
         assert r.choices[0].message.content is not None
     assert converse(fleet.url, model, n_conv=2, n_turns=2, tag="after-kill").turns
