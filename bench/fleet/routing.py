@@ -3,16 +3,18 @@ round-robin balancer, sglang-router and vllm-router, the same multi-turn chat wo
 
     flock /work/cpu.lock .venv/bin/python -m bench.fleet.routing [--conversations 8] [--turns 4]
 
-One `rillet fleet --replicas 2` (sglang-router, cache_aware: the fleet's own router, first), then
-more routers started in front of the same two replicas, one at a time, each run after both
+One `rillet fleet --replicas 2` (sglang-router, cache_aware with the fleet's balance thresholds:
+the fleet's own router, first), then more routers started in front of the same two replicas, one
+at a time (cache_aware also with the routers' own thresholds, abs=64), each run after both
 replicas' prefix caches are flushed. The workload: `--conversations` chats at once, each a long
 system prompt shared by all, then `--turns` turns of a long user message (its history grows),
 streamed with usage. Per run: turns/s, generated tokens/s, TTFT p50 / p90, the cached share of
 each turn's prompt, the share of follow-up turns whose cached prefix covers the whole turn before
-(history hit) and the share covering the system prompt, each replica's chat requests. Last, a
-SIGKILLed replica behind the fleet's router: failed requests inside the router's health window
-(health checks every --health-interval s, out after 2 failures) and after it. 2 cores here: one
-torch thread per replica, and they share the cores with the router and this client.
+(history hit) and the share covering the system prompt, each replica's chat requests (the
+system-prompt probe included). Last, a SIGKILLed replica behind the fleet's router: failed
+requests inside the router's health window (health checks every --health-interval s, out after 2
+failures) and after it. 2 cores here: one torch thread per replica, and they share the cores
+with the router and this client.
 """
 
 from __future__ import annotations
@@ -159,11 +161,12 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     try:
         rows.append(measure("sglang-router cache_aware", f"http://127.0.0.1:{port}", replicas, wl, a.seed))
+        defaults = ["--balance-abs-threshold", "64", "--balance-rel-threshold", "1.5"]  # the routers' own
         runs = [
+            ("sglang-router cache_aware abs=64", "sglang-router", "cache_aware", defaults),
             ("sglang-router round_robin", "sglang-router", "round_robin", []),
-            ("sglang-router cache_aware bal=2", "sglang-router", "cache_aware",
-             ["--balance-abs-threshold", "2", "--balance-rel-threshold", "1.0"]),
             ("vllm-router cache_aware", "vllm-router", "cache_aware", []),
+            ("vllm-router cache_aware abs=64", "vllm-router", "cache_aware", defaults),
             ("vllm-router round_robin", "vllm-router", "round_robin", []),
         ]  # fmt: skip
         for label, name, policy, args in runs:

@@ -4,7 +4,8 @@ Rust routers shipped as Python wheels (`pip install rillet[fleet]`), started as
 
 Each keeps an approximate radix tree of the text it sent to every worker (cache_aware) and
 health-checks the workers' /health; their flags are the same names, so one command line serves
-both, the router's own flags passed through verbatim after it (--router-arg).
+both, the router's own flags passed through verbatim after it (--router-arg), overriding the
+fleet's defaults.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from dataclasses import dataclass
 # the name a user types -> the Python package whose launch_router module starts it
 ROUTER_PACKAGES = {"sglang-router": "sglang_router", "vllm-router": "vllm_router"}
 POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
+# cache_aware: balance by load once two replicas' in-flight requests differ by more than 2 (the
+# routers' default, 64, suits GPU batches: with a long system prompt shared by every conversation,
+# each new one matches the first replica's tree and the other idles; bench/fleet/routing.py)
+BALANCE = ("--balance-abs-threshold", "2", "--balance-rel-threshold", "1.0")
 # both log every worker-registration step at info; a --log-level in --router-arg comes later and wins
 QUIET = {"sglang-router": "warn", "vllm-router": "warning"}
 
@@ -70,5 +75,6 @@ def router_command(plan: RouterPlan) -> list[str]:
         QUIET[plan.name],
         "--worker-urls",
         *plan.worker_urls,
-        *plan.extra_args,
+        *(BALANCE if plan.policy == "cache_aware" else ()),
+        *plan.extra_args,  # last: a flag given again wins
     ]

@@ -83,6 +83,20 @@ def test_bad_flags_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -
         assert err.startswith(f"rillet: error: {flag}: ") and err.count("\n") == 1, err
 
 
+def test_router_command_balances_cache_aware_and_user_flags_come_last() -> None:
+    urls = ("http://127.0.0.1:9001", "http://127.0.0.1:9002")
+    extra = ("--cache-threshold", "0.5")
+    plan = RouterPlan("vllm-router", "127.0.0.1", 9000, 9003, urls, "cache_aware", extra)
+    argv = router_command(plan)
+    assert argv[1:3] == ["-m", "vllm_router.launch_router"]
+    i = argv.index("--worker-urls")
+    assert argv[i + 1 : i + 3] == list(urls)
+    assert argv[argv.index("--balance-abs-threshold") + 1] == "2"
+    assert argv[-2:] == ["--cache-threshold", "0.5"]
+    rr = router_command(RouterPlan("sglang-router", "127.0.0.1", 9000, 9003, urls, "round_robin"))
+    assert rr[1:3] == ["-m", "sglang_router.launch_router"] and "--balance-abs-threshold" not in rr
+
+
 def test_sglang_router_cache_aware(fleet: FleetProcess) -> None:
     replicas = [fleet.replica_url(i) for i in range(2)]
     check_routing(fleet.url, replicas, "sglang")
