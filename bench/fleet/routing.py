@@ -1,7 +1,7 @@
 """Two replicas of the default model behind a router (issue 69): cache-aware routing against a
 round-robin balancer, sglang-router and vllm-router, the same multi-turn chat workload.
 
-    flock /work/cpu.lock .venv/bin/python -m bench.fleet.routing [--conversations 8] [--turns 4]
+    flock /work/cpu.lock .venv/bin/python -m bench.fleet.routing [--conversations 8] [--turns 4] [--rounds 2]
 
 One `rillet fleet --replicas 2` (sglang-router, cache_aware with the fleet's balance thresholds:
 the fleet's own router, first), then more routers started in front of the same two replicas, one
@@ -24,6 +24,7 @@ import asyncio
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -151,6 +152,7 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--health-interval", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=2, help="every router once per round, odd rounds reversed")
     ap.add_argument("--out", default="bench/out/fleet_routing.json")
     a = ap.parse_args()
     wl = Workload(a.conversations, a.turns, a.system_words, a.user_words, a.max_tokens)
@@ -159,35 +161,53 @@ def main() -> None:
     fleet, port = start_fleet(a, log)
     replicas = [f"http://127.0.0.1:{port + 1 + i}" for i in range(2)]
     rows: list[dict[str, Any]] = []
+    defaults = ["--balance-abs-threshold", "64", "--balance-rel-threshold", "1.5"]  # the routers' own
+    runs = [
+        ("sglang-router cache_aware", "fleet", "cache_aware", []),
+        ("sglang-router cache_aware abs=64", "sglang-router", "cache_aware", defaults),
+        ("sglang-router round_robin", "sglang-router", "round_robin", []),
+        ("vllm-router cache_aware", "vllm-router", "cache_aware", []),
+        ("vllm-router cache_aware abs=64", "vllm-router", "cache_aware", defaults),
+        ("vllm-router round_robin", "vllm-router", "round_robin", []),
+    ]  # fmt: skip
     try:
-        rows.append(measure("sglang-router cache_aware", f"http://127.0.0.1:{port}", replicas, wl, a.seed))
-        defaults = ["--balance-abs-threshold", "64", "--balance-rel-threshold", "1.5"]  # the routers' own
-        runs = [
-            ("sglang-router cache_aware abs=64", "sglang-router", "cache_aware", defaults),
-            ("sglang-router round_robin", "sglang-router", "round_robin", []),
-            ("vllm-router cache_aware", "vllm-router", "cache_aware", []),
-            ("vllm-router cache_aware abs=64", "vllm-router", "cache_aware", defaults),
-            ("vllm-router round_robin", "vllm-router", "round_robin", []),
-        ]  # fmt: skip
-        for label, name, policy, args in runs:
-            proc, url = extra_router(name, policy, replicas, args)
-            try:
-                rows.append(measure(label, url, replicas, wl, a.seed))
-            finally:
-                proc.terminate()
-                proc.wait(30)
+        for r in range(a.rounds):  # odd rounds in reverse: a drift of the machine's load favours none
+            for label, name, policy, args in runs if r % 2 == 0 else runs[::-1]:
+                if name == "fleet":  # the fleet's own router
+                    rows.append(measure(label, f"http://127.0.0.1:{port}", replicas, wl, a.seed))
+                    continue
+                proc, url = extra_router(name, policy, replicas, args)
+                try:
+                    rows.append(measure(label, url, replicas, wl, a.seed))
+                finally:
+                    proc.terminate()
+                    proc.wait(30)
         model = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"][0]["id"]
         rss = [peak_rss_mib(int(p)) for p in _children(fleet.pid)]
         kill = kill_phase(f"http://127.0.0.1:{port}", fleet, port, model)
     finally:
         fleet.send_signal(signal.SIGINT)
         fleet.wait(60)
-    write_json(a.out, {"workload": vars(wl), "runs": rows, "kill": kill, "children_peak_rss_mib": rss})
+    summary = [median_row(label, [x for x in rows if x["router"] == label]) for label, *_ in runs]
+    write_json(
+        a.out,
+        {"workload": vars(wl), "runs": rows, "summary": summary, "kill": kill, "children_peak_rss_mib": rss},
+    )
     print(f"kill: {kill}")
     print(f"peak RSS of the fleet's children (MiB): {[round(r or 0) for r in rss]}")
     cols = ["router", "turns_s", "tok_s", "ttft_p50_ms", "ttft_p90_ms", "cached_frac", "history_hit",
             "system_hit", "replica_requests"]  # fmt: skip
-    print(table(rows, cols))
+    print(f"medians of {a.rounds} rounds (turns_s_each: every round's)")
+    print(table(summary, [*cols, "turns_s_each"]))
+
+
+def median_row(label: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"router": label}
+    for k in ("turns_s", "tok_s", "ttft_p50_ms", "ttft_p90_ms", "cached_frac", "history_hit", "system_hit"):
+        out[k] = statistics.median(x[k] for x in rows)
+    out["replica_requests"] = [x["replica_requests"] for x in rows]
+    out["turns_s_each"] = [round(x["turns_s"], 2) for x in rows]
+    return out
 
 
 def _children(pid: int) -> list[str]:
