@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import yaml
 from rillet.core.config import ConfigError, RilletConfig, config_to_dict, load_config
 from rillet.core.determinism.env import request_strict_mkl
+from rillet.http.launch.kv_events_flag import kv_events_overrides
 
 EXIT_USAGE = 2
 # flag dest -> config key (values are passed as JSON, which YAML parses back unchanged; the
@@ -81,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=PATH",
         help="LoRA adapters served by name, as vLLM's flag: NAME=PATH or a JSON object with name and "
         "path (= --set lora.adapters={NAME: PATH, ...})",
+    )
+    serve.add_argument(
+        "--kv-events-config",
+        metavar="JSON",
+        help="vLLM's KV-cache events config, e.g. an llm-d manifest's (= --set kv_events.KEY=... per field)",
     )
     _add_fleet_parser(sub)
     worker = sub.add_parser(
@@ -144,6 +150,8 @@ def overrides_from(args: argparse.Namespace) -> list[str]:
         out.append(f"server.api_keys={json.dumps(args.api_keys)}")
     if getattr(args, "lora_modules", None):
         out.append(f"lora.adapters={json.dumps(dict(_lora_module(m) for m in args.lora_modules))}")
+    if getattr(args, "kv_events_config", None):
+        out += kv_events_overrides(args.kv_events_config)
     return out
 
 

@@ -17,6 +17,7 @@ from rillet.core.engine.inbox import NewEmbedding, NewRequest
 from rillet.core.outputs import StepOutput
 from rillet.core.ring import SpscRing
 from rillet.core.sampling_params import SamplingParams
+from rillet.core.vision.front import VisionFront
 
 
 class TokenizerLike(Protocol):
@@ -56,6 +57,7 @@ class EngineLike(Protocol):
     error: str | None
     tasks: frozenset[str]  # what the model serves: generate, embed (model.task)
     embedding_size: int | None  # components of an embedding; None: the model does not embed
+    vision: VisionFront | None  # a vision-language model's image front end; None: text only
 
     @property
     def tokenizer(self) -> Any: ...  # TokenizerLike; Any so concrete tokenizer classes need not match exactly

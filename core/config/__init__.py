@@ -18,6 +18,7 @@ from rillet.core.config.engine import (
     StructuredConfig,
 )
 from rillet.core.config.errors import ConfigError
+from rillet.core.config.kv_events import KVEventsConfig
 from rillet.core.config.loading import config_from_dict, config_to_dict, load_config
 from rillet.core.config.lora import LoraConfig
 from rillet.core.config.model import CacheConfig, Device, DType, ModelConfig, ModelKind
@@ -45,6 +46,7 @@ __all__ = [
     "EngineConfig",
     "FlashinferPrefillKernels",
     "GraphConfig",
+    "KVEventsConfig",
     "LogLevel",
     "LoggingConfig",
     "LoraConfig",

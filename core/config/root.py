@@ -11,6 +11,8 @@ from rillet.core.config.engine import (
     SchedulerConfig,
     StructuredConfig,
 )
+from rillet.core.config.errors import check
+from rillet.core.config.kv_events import KVEventsConfig
 from rillet.core.config.lora import LoraConfig
 from rillet.core.config.model import CacheConfig, ModelConfig
 from rillet.core.config.observability import ObservabilityConfig
@@ -36,3 +38,11 @@ class RilletConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+    kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
+
+    def __post_init__(self) -> None:
+        check(
+            not self.kv_events.enabled or self.cache.prefix_caching,
+            "kv_events.enabled",
+            "needs cache.prefix_caching: true (the events describe the prefix cache)",
+        )

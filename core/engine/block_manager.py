@@ -19,9 +19,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from rillet.core.sequence import Seq
+
+if TYPE_CHECKING:
+    from rillet.core.engine.kv_events.recorder import KVEventRecorder
 
 BlockKey = tuple[int, tuple[int, ...]]  # (hash of the parent key or the root, the block's tokens)
 
@@ -62,6 +65,8 @@ class BlockManager:
         # Chained hashes of each running sequence's full, registered blocks, by seq_id.
         self._seq_hashes: dict[int, list[int]] = {}
         self.stats = PrefixStats()
+        # kv_events.enabled: told of every block registered or dropped (kv_events/recorder.py)
+        self.events: KVEventRecorder | None = None
 
     # ---- capacity ---------------------------------------------------------------------------
     @property
@@ -129,6 +134,8 @@ class BlockManager:
         seq.block_table = hits + [self._take() for _ in range(need)]
         seq.num_computed = cached
         self._seq_hashes[seq.seq_id] = hashes
+        if self.events is not None:
+            self.events.admitted(seq, hits)
         if seq.num_preemptions == 0:
             seq.num_cached = cached
             self.stats.queried_tokens += seq.prompt_len
@@ -167,13 +174,19 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         hashes = self._seq_hashes.setdefault(seq.seq_id, [])
+        events = self.events
         for i in range(len(hashes), min(seq.num_computed, seq.num_tokens) // self.block_size):
             key = self._key(seq, i, hashes[-1] if hashes else _root(seq))
             block = seq.block_table[i]
-            if key not in self._block_of and block not in self._key_of:
+            registered = key not in self._block_of and block not in self._key_of
+            if registered:
                 self._block_of[key] = block
                 self._key_of[block] = key
             hashes.append(hash(key))
+            if events is not None:
+                events.full_block(seq, key[1], block, registered)
+        if events is not None:
+            events.flush()
 
     # ---- release -----------------------------------------------------------------------------
     def free(self, seq: Seq) -> None:
@@ -183,17 +196,25 @@ class BlockManager:
         seq.block_table = []
         seq.num_computed = 0
         self._seq_hashes.pop(seq.seq_id, None)
+        if self.events is not None:
+            self.events.freed(seq.seq_id)
 
     def reset_prefix_cache(self) -> PrefixFlush:
         """Forgets every cached-free block. Used blocks keep their keys: a running sequence's
         blocks stay findable (forgetting them would only make its next block's key differ from an
-        identical request's), and return to the cache when it releases them."""
-        flushed = len(self._cached_free)
-        for b in list(self._cached_free):
+        identical request's), and return to the cache when it releases them. With kv_events on:
+        one AllBlocksCleared when no block keeps a key, else a BlockRemoved of the forgotten ones."""
+        forgotten = list(self._cached_free)
+        for b in forgotten:
             del self._block_of[self._key_of.pop(b)]
             self._free.append(b)
         self._cached_free.clear()
-        return PrefixFlush(flushed, len(self._key_of))
+        if self.events is not None and forgotten:
+            if self._key_of:
+                self.events.dropped(forgotten)
+            else:
+                self.events.cleared(forgotten)
+        return PrefixFlush(len(forgotten), len(self._key_of))
 
     # ---- internals ---------------------------------------------------------------------------
     def _ref(self, b: int) -> None:
@@ -217,6 +238,8 @@ class BlockManager:
             b, _ = self._cached_free.popitem(last=False)
             del self._block_of[self._key_of.pop(b)]
             self.stats.evictions += 1
+            if self.events is not None:
+                self.events.dropped([b])
         self.ref_count[b] = 1
         return b
 

@@ -22,6 +22,7 @@ from rillet.core.engine.core import EngineCore
 from rillet.core.engine.handoff.gil_gate import EngineGate, resolve_gate
 from rillet.core.engine.handoff.publisher import Publisher, resolve_handoff
 from rillet.core.engine.inbox import Inbox, NewEmbedding, NewRequest
+from rillet.core.engine.kv_events.setup import KVEventStream, attach_kv_events
 from rillet.core.engine.overlap import resolve_overlap
 from rillet.core.engine.stats import EngineStats, collect_stats
 from rillet.core.errors import (
@@ -40,6 +41,7 @@ from rillet.core.sequence import FinishReason
 from rillet.core.structured.setup import attach_structured
 from rillet.core.structured.spec import GrammarSpec
 from rillet.core.thread_name import name_native_thread
+from rillet.core.vision.front import VisionFront
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +104,7 @@ class Engine:
         self.model_name, self.max_model_len, self.tasks = a.model_name, a.max_model_len, a.tasks
         self.lora, self.embedding_size, self.grammars = a.lora, a.embedding_size, a.grammars
         self.vocab_size = a.vocab_size
+        self.vision: VisionFront | None = None  # a vision-language model's image front end (core/vision/)
         self.model_path, self.model_type = rt.model_path, rt.model_type
         if rt.cluster is not None:
             rt.cluster.watch(self.fail)
@@ -110,6 +113,10 @@ class Engine:
         log.info("stream handoff: %s", state)
         self.core.gate, why = resolve_gate(self.cfg.stream, self.async_launch, self.hands_off)
         log.info("engine first (the event loop gives way to the engine's host work): %s", why)
+        # last: its sockets and thread are closed with the engine thread, which a load error skips
+        self.kv_events: KVEventStream | None = attach_kv_events(
+            self.cfg.kv_events, rt.scheduler.blocks, rt.model_name
+        )
 
     def _main(self, progress: Callable[[str, float], None] | None) -> None:
         name_native_thread(threading.current_thread().name)  # "rillet-engine" in top -H, /proc
@@ -129,6 +136,8 @@ class Engine:
             if self.gate is not None:
                 self.gate.open()
             self.runtime.runner.close()
+            if self.kv_events is not None:
+                self.kv_events.close()
             if self.runtime.speculator is not None:
                 self.runtime.speculator.close()
             if self.runtime.cluster is not None:  # the other ranks stop with this thread
@@ -269,9 +278,12 @@ class Engine:
     def _run(self) -> None:
         publisher = Publisher(self.ring, self.handoff_s, self.async_launch)
         poll = self.runtime.runner.poll  # work that must run on this thread, between steps
+        kv_events = self.kv_events
         try:
             while not self._stop:
                 poll()
+                if kv_events is not None:  # the last step's cache events, to their sender thread
+                    kv_events.pump()
                 if self._fatal is not None:
                     raise RuntimeError(self._fatal)
                 aborted = self._drain_inbox()

@@ -38,6 +38,7 @@ class NewRequest(NamedTuple):
     deadline: float | None = None
     lora: str | None = None
     priority: int = 0  # lower first under scheduler.policy priority; fcfs refuses any other than 0
+    mm: object | None = None  # a vision model's image payload (core/vision/front.py MultimodalPrompt.mm)
 
 
 class NewEmbedding(NamedTuple):

@@ -1,6 +1,8 @@
-"""The OpenTelemetry side of request tracing: a tracer provider whose BatchSpanProcessor exports on
-its own thread, and one SERVER span per request with the GenAI semantic conventions' attributes
-(and vLLM's gen_ai.latency.* timings). Imported only when tracing is on (tracing.py)."""
+"""The OpenTelemetry side of request tracing: one SERVER span per request with the GenAI semantic
+conventions' attributes (and vLLM's gen_ai.latency.* timings), continuing the caller's W3C trace
+context and sampled by the SDK's sampler (OTEL_TRACES_SAMPLER). The event loop only decides and
+queues a plain record (span_batcher.py); the span is built and encoded on the export thread
+(span_sinks.py, otlp_wire.py). Imported only when tracing is on (tracing.py)."""
 
 from __future__ import annotations
 
@@ -11,48 +13,66 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.trace import SpanKind, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from rillet.http.observability.facts import RequestFacts
+from rillet.http.observability.otlp_wire import SpanRecord
+from rillet.http.observability.span_batcher import BatchTerms, SpanBatcher
+from rillet.http.observability.span_sinks import make_sink
 
 _NS = 1_000_000_000
+SCOPE = "rillet"
 
 
 class OtelTracing:
     """Spans of finished requests, handed to `exporter` in batches by a background thread."""
 
-    def __init__(self, service_name: str, exporter: SpanExporter) -> None:
-        self._provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
-        self._provider.add_span_processor(BatchSpanProcessor(exporter))
-        self._tracer = self._provider.get_tracer("rillet")
+    def __init__(self, service_name: str, exporter: SpanExporter, terms: BatchTerms | None = None) -> None:
+        # The provider only for what the SDK reads from the environment: the resource
+        # (OTEL_RESOURCE_ATTRIBUTES), the sampler (OTEL_TRACES_SAMPLER) and the id generator.
+        provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+        self._sampler = provider.sampler
+        self._ids = provider.id_generator
         self._propagator = TraceContextTextMapPropagator()
+        self._exporter = exporter
+        sink = make_sink(exporter, provider.resource, SCOPE, SpanLimits().max_span_attribute_length)
+        self._batcher: SpanBatcher[SpanRecord] = SpanBatcher(sink, terms or BatchTerms.from_env())
 
     def record(self, headers: Mapping[str, str], facts: RequestFacts) -> None:
-        parent: Context | None = None
+        """The SDK tracer's start_span and end, less the Span object: the same parent, ids, sampling
+        decision and attributes, queued as a tuple."""
+        context: Context | None = None
         if "traceparent" in headers:  # and its tracestate, which the propagator reads with it
-            parent = self._propagator.extract(headers)
+            context = self._propagator.extract(headers)
+        parent = get_current_span(context).get_span_context()
+        valid = parent.is_valid
+        trace_id = parent.trace_id if valid else self._ids.generate_trace_id()
+        name = f"{facts.operation} {facts.model}"
+        sampling = self._sampler.should_sample(context, trace_id, name, SpanKind.SERVER, attributes(facts))
+        span_id = self._ids.generate_span_id()
+        if not sampling.decision.is_sampled():
+            return
+        attrs = dict(sampling.attributes)
+        outcome = facts.outcome
+        error = None
+        if outcome.error_type is not None:
+            attrs["error.type"] = outcome.error_type
+            error = outcome.message or ""
         # The span's times are wall-clock; the request's are monotonic: shift them by one offset.
         offset_ns = time.time_ns() - int(time.monotonic() * _NS)
-        span = self._tracer.start_span(
-            f"{facts.operation} {facts.model}",
-            context=parent,
-            kind=SpanKind.SERVER,
-            attributes=attributes(facts),
-            start_time=offset_ns + int(facts.arrival * _NS),
-        )
-        outcome = facts.outcome
-        if outcome.error_type is not None:
-            span.set_attribute("error.type", outcome.error_type)
-            span.set_status(Status(StatusCode.ERROR, outcome.message))
-        span.end(end_time=offset_ns + int(facts.end * _NS))
+        start, end = offset_ns + int(facts.arrival * _NS), offset_ns + int(facts.end * _NS)
+        parent_ctx = parent if valid else None
+        state = sampling.trace_state
+        self._batcher.put(SpanRecord(name, trace_id, span_id, parent_ctx, state, attrs, start, end, error))
 
     def flush(self, timeout_s: float = 10.0) -> bool:
-        return self._provider.force_flush(int(timeout_s * 1000))
+        return self._batcher.flush(timeout_s)
 
     def shutdown(self) -> None:
-        self._provider.shutdown()
+        self._batcher.shutdown()
+        self._exporter.shutdown()
 
 
 def otlp_tracing(endpoint: str, service_name: str) -> OtelTracing:

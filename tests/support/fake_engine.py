@@ -31,6 +31,7 @@ from rillet.core.outputs import SeqDelta, StepOutput
 from rillet.core.ring import RingClosed, SpscRing
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import FinishReason
+from rillet.core.vision.front import VisionFront
 
 __all__ = ["BOOM_MARKER", "EOS", "FAIL_MARKER", "TEXT", "FakeEngine", "FakeSeq", "FakeStats", "FakeTokenizer"]
 
@@ -74,6 +75,7 @@ class FakeEngine:
         self.error: str | None = None
         self.tasks = frozenset({"generate"})  # a chat model: /v1/embeddings answers 400
         self.embedding_size: int | None = None
+        self.vision: VisionFront | None = None  # a text model: image parts answer 400
         self.crash_next_step = False  # tests: kill the engine thread
         self.reply: bytes | None = None  # tests: every sequence answers this, one byte a token, then EOS
         self.steps_allowed = threading.Event()  # tests: clear it to hold the engine before its next step

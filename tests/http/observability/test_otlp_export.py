@@ -9,12 +9,14 @@ import gzip
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from aiohttp import web
 from http_helpers import post, serving, sse_events
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -22,6 +24,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from repo import REPO
 from rillet.core.config import ConfigError, load_config
+from rillet.http.observability.facts import Outcome, RequestFacts
+from rillet.http.observability.otel_tracing import otlp_tracing
+from rillet.http.observability.span_sinks import bytes_poster
 from rillet.http.observability.tracing import make_tracing
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -34,6 +39,7 @@ class Receiver:
     def __init__(self) -> None:
         self.requests: list[ExportTraceServiceRequest] = []
         self.content_types: list[str] = []
+        self.headers: list[dict[str, str]] = []
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
@@ -50,9 +56,10 @@ class Receiver:
 
     async def _export(self, request: web.Request) -> web.Response:
         raw = await request.read()
-        if request.headers.get("Content-Encoding") == "gzip":
+        if raw[:2] == b"\x1f\x8b":  # gzip that aiohttp left compressed (it inflates what it can)
             raw = gzip.decompress(raw)
         self.content_types.append(request.content_type)
+        self.headers.append(dict(request.headers))
         self.requests.append(ExportTraceServiceRequest.FromString(raw))
         body = ExportTraceServiceResponse().SerializeToString()
         return web.Response(body=body, content_type="application/x-protobuf")
@@ -131,3 +138,25 @@ def test_rillet_serve_exits_2_at_start_up_when_tracing_lacks_its_packages() -> N
     assert r.returncode == 2, r.stderr
     assert "observability.otlp_endpoint" in r.stderr and "rillet[otel]" in r.stderr
     assert "listening" not in r.stderr  # refused before the socket opened
+
+
+def test_the_exporters_own_settings_apply_to_rillets_bytes(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The OTLP exporter's environment (headers, compression) applies to the protobuf rillet writes
+    (posted through the exporter's HTTP client: with the SDK installed here, not its encoder)."""
+    assert bytes_poster(OTLPSpanExporter(endpoint="http://127.0.0.1:9/v1/traces")) is not None
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "api-key=secret")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")
+    tracing = otlp_tracing(f"http://127.0.0.1:{receiver.port}/v1/traces", "svc")
+    now = time.monotonic()
+    facts = RequestFacts(
+        "chat", "m", "chatcmpl-1", "POST", "/v1/chat/completions", False, 1, 8, 1.0, 1.0, 3, 8,
+        ("length",), now, now, now, now, now, Outcome(200),
+    )  # fmt: skip
+    tracing.record({"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}, facts)
+    tracing.shutdown()
+    (headers,) = receiver.headers
+    assert headers["api-key"] == "secret" and headers["Content-Encoding"] == "gzip"
+    (span,) = receiver.requests[0].resource_spans[0].scope_spans[0].spans
+    assert span.trace_id.hex() == TRACE_ID and span.name == "chat m"
