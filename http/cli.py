@@ -53,7 +53,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rillet", description="OpenAI-compatible LLM inference server")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,worker,compile,config}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,fleet,worker,compile,config}")
     serve = sub.add_parser("serve", help="start the server")
     _add_config_args(serve)
     serve.add_argument("--model", metavar="PATH", help="model file or folder (= --set model.path=PATH)")
@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="JSON",
         help="vLLM's KV-cache events config, e.g. an llm-d manifest's (= --set kv_events.KEY=... per field)",
     )
+    _add_fleet_parser(sub)
     worker = sub.add_parser(
         "worker",
         help="run another host's tensor-parallel ranks (parallel.node_rank >= 1) for a `rillet serve`",
@@ -106,6 +107,35 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(config)
     config.add_argument("--print", action="store_true", help="print the effective config as YAML (default)")
     return parser
+
+
+def _add_fleet_parser(sub: argparse._SubParsersAction) -> None:
+    fleet = sub.add_parser(
+        "fleet",
+        help="start N `rillet serve` replicas of one config behind a cache-aware router "
+        "(sglang-router or vllm-router: pip install 'rillet[fleet]'); Ctrl-C stops them all",
+    )
+    _add_config_args(fleet)
+    fleet.add_argument("--model", metavar="PATH", help="model file or folder (= --set model.path=PATH)")
+    fleet.add_argument("--host", help="address the router and replicas listen on (= --set server.host=H)")
+    fleet.add_argument(
+        "--port", type=int, help="the router's port (= --set server.port=P); replica i on P + 1 + i"
+    )
+    fleet.add_argument("--log-level", help="DEBUG | INFO | WARNING | ERROR (= --set logging.level=L)")
+    fleet.add_argument("--replicas", type=int, default=2, metavar="N", help="replicas to start (default 2)")
+    fleet.add_argument("--router", default="sglang-router", help="sglang-router (default) | vllm-router")
+    fleet.add_argument(
+        "--policy", default="cache_aware", help="cache_aware (default) | round_robin | power_of_two | random"
+    )
+    fleet.add_argument(
+        "--router-arg",
+        dest="router_args",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more argument for the router, verbatim (e.g. --router-arg=--balance-abs-threshold=4); "
+        "repeatable",
+    )
 
 
 def overrides_from(args: argparse.Namespace) -> list[str]:
@@ -170,6 +200,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _worker(cfg)
     if args.command == "compile":
         return _compile(cfg)
+    if args.command == "fleet":
+        from rillet.http.launch.fleet_cli import fleet_main
+
+        return fleet_main(args, cfg, overrides_from(args))
     from rillet.http.serve import StoppedWhileLoading, serve  # `rillet config` stays light
 
     try:
