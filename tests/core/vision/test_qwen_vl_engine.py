@@ -1,0 +1,114 @@
+"""A tiny Qwen2-VL folder saved by transformers, served by the engine (offline API) with images:
+greedy tokens and the first step's logprobs equal transformers' generate for one image, two images
+of different sizes, text only and an image prompt batched with a text one; the prefix cache hits
+on the same image and misses on a different image of the same size; a repeated image is encoded
+once; a prefill chunk boundary inside an image changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rillet.core.llm import LLM, RequestOutput
+from rillet.core.sampling_params import SamplingParams
+from rillet.core.vision.image import ImageInput
+from rillet.core.vision.mm_step import VisionStats
+from tiny_models.qwen_vl import IMAGE_TOKEN_ID, chat_ids, hf_generate, make_qwen_vl, png
+
+MAX_NEW = 6
+GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, logprobs=2)
+ATOL = 1e-4  # fp32 logprobs through a different summation order
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
+    folder = tmp_path_factory.mktemp("qwen2_vl_engine")
+    model, processor = make_qwen_vl(folder)
+    return folder, model, processor
+
+
+@pytest.fixture(scope="module")
+def llm(qwen: tuple[Path, Any, Any]) -> Iterator[LLM]:
+    with LLM(overrides=[f"model.path={qwen[0]}", "cache.num_blocks=256"]) as engine:
+        yield engine
+
+
+def _stats(llm: LLM) -> VisionStats:
+    vision = llm.engine.runtime.runner.vision  # type: ignore[attr-defined]
+    assert vision is not None
+    stats: VisionStats = vision.stats
+    return stats
+
+
+def _check(qwen: tuple[Path, Any, Any], got: RequestOutput, ids: list[int], images: list[ImageInput]) -> None:
+    _, model, processor = qwen
+    expanded, want, logprobs = hf_generate(model, processor, ids, images, MAX_NEW)
+    assert got.prompt_ids == expanded
+    out = got.outputs[0]
+    assert out.token_ids == want
+    assert out.logprobs is not None
+    first = out.logprobs[0]
+    assert first.logprob == pytest.approx(float(logprobs[want[0]]), abs=ATOL)
+    assert [t for t, _ in first.top] == logprobs.topk(2).indices.tolist()
+
+
+CASES = {
+    "one image": ([(1, 40, 60)], "What is in the picture?"),
+    "two sizes": ([(2, 70, 30), (3, 40, 90)], "Compare the two."),
+    "text only": ([], "Tell me a story."),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_transformers(qwen: tuple[Path, Any, Any], llm: LLM, case: str) -> None:
+    shapes, text = CASES[case]
+    images = [png(*s) for s in shapes]
+    ids = chat_ids(len(images), text)
+    got = llm.generate([ids], GREEDY, images=[images])[0]
+    _check(qwen, got, ids, images)
+
+
+def test_batched_with_a_text_request(qwen: tuple[Path, Any, Any], llm: LLM) -> None:
+    image = [png(4, 50, 50)]
+    ids_img, ids_txt = chat_ids(1, "Describe."), chat_ids(0, "Hello there, how are you?")
+    got = llm.generate([ids_img, ids_txt], GREEDY, images=[image, []])
+    _check(qwen, got[0], ids_img, image)
+    _check(qwen, got[1], ids_txt, [])
+
+
+def test_prefix_cache_keys_on_the_image(qwen: tuple[Path, Any, Any], llm: LLM) -> None:
+    ids = chat_ids(1, "Which colour dominates here?")
+    first, same, other = [png(10, 56, 84)], [png(10, 56, 84)], [png(11, 56, 84, level=255)]
+    a = llm.generate([ids], GREEDY, images=[first])[0]
+    image = [i for i, t in enumerate(a.prompt_ids) if t == IMAGE_TOKEN_ID]
+    block = llm.engine.cfg.cache.block_size
+    encoded = _stats(llm).images_encoded
+    b = llm.generate([ids], GREEDY, images=[same])[0]
+    assert b.outputs[0].cached_tokens >= (image[-1] + 1) // block * block  # hits past the image
+    assert b.outputs[0].token_ids == a.outputs[0].token_ids
+    assert _stats(llm).images_encoded == encoded  # the repeated image came from the encoder cache
+    c = llm.generate([ids], GREEDY, images=[other])[0]
+    assert c.prompt_ids == a.prompt_ids  # same size: the same placeholder ids
+    assert c.outputs[0].cached_tokens <= image[0]  # no block holding the other image's tokens
+    _check(qwen, c, ids, other)
+    # transformers tells the two images apart (the tiny model's greedy tokens may agree, its
+    # logprobs do not): a hit on the first image's blocks would have given the first's numbers
+    _, _, lp_a = hf_generate(qwen[1], qwen[2], ids, first, MAX_NEW)
+    _, _, lp_c = hf_generate(qwen[1], qwen[2], ids, other, MAX_NEW)
+    assert (lp_a - lp_c).abs().max() > 100 * ATOL
+    assert a.outputs[0].logprobs is not None and c.outputs[0].logprobs is not None
+    assert abs(a.outputs[0].logprobs[0].logprob - c.outputs[0].logprobs[0].logprob) > 10 * ATOL
+
+
+def test_chunk_boundary_inside_an_image(qwen: tuple[Path, Any, Any]) -> None:
+    small = ["scheduler.max_num_batched_tokens=20", "scheduler.max_num_seqs=4", "cache.num_blocks=64"]
+    images = [png(5, 112, 168), png(6, 56, 112)]  # 24 and 8 image tokens
+    ids = chat_ids(2, "Two pictures.")
+    with LLM(overrides=[f"model.path={qwen[0]}", *small]) as chunked:
+        got = chunked.generate([ids], GREEDY, images=[images])[0]
+        assert _stats(chunked).images_encoded == 2  # each image once, sliced across its chunks
+    image = [i for i, t in enumerate(got.prompt_ids) if t == IMAGE_TOKEN_ID]
+    assert any(image[0] < k < image[23] for k in range(20, len(got.prompt_ids), 20))  # a cut inside
+    _check(qwen, got, ids, images)
