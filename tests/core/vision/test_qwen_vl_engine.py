@@ -22,10 +22,10 @@ GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, logprobs=2)
 ATOL = 1e-4  # fp32 logprobs through a different summation order
 
 
-@pytest.fixture(scope="module")
-def qwen(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
-    folder = tmp_path_factory.mktemp("qwen2_vl_engine")
-    model, processor = make_qwen_vl(folder)
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+def qwen(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
+    folder = tmp_path_factory.mktemp(request.param)
+    model, processor = make_qwen_vl(folder, request.param)
     return folder, model, processor
 
 

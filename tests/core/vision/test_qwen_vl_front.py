@@ -66,3 +66,20 @@ def test_placeholder_count_must_match(qwen: tuple[Path, Any, Any]) -> None:
         front.expand(chat_ids(3, "hi"), [png(i, 40, 60) for i in range(3)])
     assert e.value.kind is ImageErrorKind.TOO_MANY_IMAGES
     assert front.expand(chat_ids(0, "hi"), []).mm is None
+
+
+def test_released_flat_config_reads_as_the_nested_one(qwen: tuple[Path, Any, Any]) -> None:
+    """Qwen's released config.json is flat with rope_scaling {"type": "mrope"}; transformers 5
+    saves a nested text_config whose rope_parameters hold the section: the same text model."""
+    import json
+
+    from rillet.core.model.families import arch_from_hf_config
+
+    nested = json.loads((qwen[0] / "config.json").read_text())
+    text = {k: v for k, v in nested["text_config"].items() if k != "rope_parameters"}
+    flat = {**nested, **text, "rope_theta": 10000.0, "model_type": "qwen2_vl"}
+    flat["rope_scaling"] = {"type": "mrope", "mrope_section": [2, 3, 3]}
+    del flat["text_config"]
+    a, b = arch_from_hf_config(nested), arch_from_hf_config(flat)
+    assert a == b
+    assert a.mrope_section == (2, 3, 3) and a.rope_scaling is None and a.attention_bias
