@@ -112,3 +112,24 @@ def test_chunk_boundary_inside_an_image(qwen: tuple[Path, Any, Any]) -> None:
     image = [i for i, t in enumerate(got.prompt_ids) if t == IMAGE_TOKEN_ID]
     assert any(image[0] < k < image[23] for k in range(20, len(got.prompt_ids), 20))  # a cut inside
     _check(qwen, got, ids, images)
+
+
+def test_encoder_budget_spreads_images_over_steps(
+    qwen: tuple[Path, Any, Any], llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two requests with a 24-token image each: under the default budget one tower batch encodes
+    both; under a budget of 16 image tokens a step each step starts one image (the first always
+    goes), so the tower runs twice, and the answers are transformers' all the same."""
+    from rillet.core.vision import attach
+
+    runs = _stats(llm).tower_runs
+    llm.generate([chat_ids(1, "Look.")] * 2, GREEDY, images=[[png(17, 112, 168)], [png(18, 168, 112)]])
+    assert _stats(llm).tower_runs == runs + 1
+    monkeypatch.setattr(attach, "ENCODER_BUDGET_TOKENS", 16)
+    images = [[png(7, 112, 168)], [png(8, 168, 112)]]
+    ids = chat_ids(1, "Look.")
+    with LLM(overrides=[f"model.path={qwen[0]}", "cache.num_blocks=64"]) as budgeted:
+        got = budgeted.generate([ids, ids], GREEDY, images=images)
+        assert _stats(budgeted).tower_runs == 2
+    for out, imgs in zip(got, images, strict=True):
+        _check(qwen, out, ids, imgs)

@@ -83,3 +83,21 @@ def test_released_flat_config_reads_as_the_nested_one(qwen: tuple[Path, Any, Any
     a, b = arch_from_hf_config(nested), arch_from_hf_config(flat)
     assert a == b
     assert a.mrope_section == (2, 3, 3) and a.rope_scaling is None and a.attention_bias
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("parallel.tensor_parallel_size=2", "parallel.tensor_parallel_size"),
+        ("speculative.method=ngram", "speculative.method"),
+    ],
+)
+def test_unsupported_setups_refused(qwen: tuple[Path, Any, Any], override: str, key: str) -> None:
+    """Before any rank starts or weight loads: a ConfigError naming the key."""
+    from rillet.core.config import ConfigError, load_config
+    from rillet.core.runtime import load_runtime
+
+    cfg = load_config(None, [f"model.path={qwen[0]}", override])
+    with pytest.raises(ConfigError) as e:
+        load_runtime(cfg)
+    assert e.value.key == key
