@@ -133,3 +133,36 @@ def test_encoder_budget_spreads_images_over_steps(
         assert _stats(budgeted).tower_runs == 2
     for out, imgs in zip(got, images, strict=True):
         _check(qwen, out, ids, imgs)
+
+
+def test_decode_through_the_graph_runner(qwen: tuple[Path, Any, Any], llm: LLM) -> None:
+    """The decode step's graph path (static buffers, padded to a bucket; run eagerly here, as the
+    compiled step runs the same forward on them) takes each row's position + its M-RoPE delta:
+    an image request batched with a text one answers as transformers."""
+    from rillet.core.config import GraphConfig
+    from rillet.core.runner.graph_adapter import DecoderGraphAdapter
+    from rillet.core.runner.model_runner import ModelRunner
+    from rillet.graphs.runner import GraphRunner
+
+    runner = llm.engine.core.runner
+    assert isinstance(runner, ModelRunner)
+    before = runner.graph_runner  # never compiled in this module (tests/conftest.py)
+    graphs = GraphRunner(
+        DecoderGraphAdapter(runner.model, runner.kv_caches, runner.block_size),
+        GraphConfig(enabled="off", buckets=(1, 2, 4)),
+        max_num_seqs=4,
+        max_blocks_per_seq=64,
+        device="cpu",
+        pad_eager=True,
+    )
+    runner.graph_runner = graphs
+    try:
+        images = [png(21, 84, 56)]
+        ids_img, ids_txt = chat_ids(1, "Decode me."), chat_ids(0, "And me, please.")
+        got = llm.generate([ids_img, ids_txt, ids_img], GREEDY, images=[images, [], images])
+        assert graphs.num_padded_eager > 0  # three rows padded to the bucket of 4
+    finally:
+        runner.graph_runner = before
+    _check(qwen, got[0], ids_img, images)
+    _check(qwen, got[1], ids_txt, [])
+    assert got[2].outputs[0].token_ids == got[0].outputs[0].token_ids
