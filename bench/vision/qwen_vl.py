@@ -9,7 +9,7 @@ its own image (280x280: 100 image tokens; no prefix-cache or encoder-cache hit),
 - images/s: requests of `--tokens` tokens (greedy, EOS ignored), requests over the wall time.
 
 Each side runs in its own process (peak RSS is that process's), fp32 both (rillet's default for an
-fp32 folder on CPU). Prints a table last, writes bench/out/vision_qwen_vl.json.
+fp32 folder on CPU); rillet's decode step is the compiled one (the default), waited for. Prints a table last, writes bench/out/vision_qwen_vl.json.
 
     flock /work/cpu.lock .venv/bin/python -m bench.vision.qwen_vl [--tokens 16] [--rounds 3]
 """
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from bench.lib.common import peak_rss_mib, table, use_test_support, write_json
+from bench.lib.common import decode_path, peak_rss_mib, table, use_test_support, write_json
 
 TEXT = {
     "hidden_size": 512,
@@ -82,9 +82,10 @@ def run_rillet(folder: Path, conc: int, tokens: int, rounds: int) -> dict[str, f
     from tiny_models.qwen_vl import chat_ids
 
     ids = chat_ids(1, "Describe this picture in detail.")
-    with LLM(overrides=[f"model.path={folder}", "cache.num_blocks=256", "graphs.enabled=off"]) as llm:
+    with LLM(overrides=[f"model.path={folder}", "cache.num_blocks=272"]) as llm:
         vision = llm.engine.vision
         assert vision is not None
+        decode_path(llm)  # the compiled decode step, once its background compile is done
 
         def batch(seed: int, max_tokens: int) -> tuple[float, list[float]]:
             params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
