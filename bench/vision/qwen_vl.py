@@ -9,7 +9,8 @@ its own image (280x280: 100 image tokens; no prefix-cache or encoder-cache hit),
 - images/s: requests of `--tokens` tokens (greedy, EOS ignored), requests over the wall time.
 
 Each side runs in its own process (peak RSS is that process's), fp32 both (rillet's default for an
-fp32 folder on CPU); rillet's decode step is the compiled one (the default), waited for. Prints a table last, writes bench/out/vision_qwen_vl.json.
+fp32 folder on CPU); rillet's decode step is the compiled one (the default), waited for.
+Prints a table last, writes bench/out/vision_qwen_vl.json.
 
     flock /work/cpu.lock .venv/bin/python -m bench.vision.qwen_vl [--tokens 16] [--rounds 3]
 """
