@@ -48,6 +48,8 @@ from rillet.core.sequence import Seq
 from rillet.core.spec.setup import build_speculator
 from rillet.core.spec.speculator import Speculator
 from rillet.core.tokenizer.tokenizer import Tokenizer
+from rillet.core.vision.attach import attach_vision, refuse_vision
+from rillet.core.vision.setup import VisionModel
 
 if TYPE_CHECKING:
     from rillet.core.distributed.cluster import TPCluster
@@ -82,6 +84,7 @@ class Runtime:
     # Hugging Face model_type (llama, qwen2, bert, ...; "synthetic" for the null engine)
     model_path: str = ""
     model_type: str = ""
+    vision: VisionModel | None = None  # a vision-language model's image side (core/vision/)
 
 
 def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime:
@@ -108,6 +111,7 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         return replace(rt, model_path=_path_of(src, name), model_type=src.st.model_type if src.st else "")
     if "generate" not in setup.tasks:  # embeddings never decode: no decode step to compile
         cfg = replace(cfg, graphs=replace(cfg.graphs, enabled="off"))
+    refuse_vision(cfg, src)
     with _cluster(cfg, src, device, precision) as cluster:
         model = _load(cfg, src, device, precision, cluster, report)
         blocks = _block_pool(cfg, model, cluster, precision.dtype, device)
@@ -116,6 +120,7 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         report("kv cache", 0.9)
         eos = tuple(sorted(set(tokenizer.eos_token_ids) | set(model.arch.eos_token_ids)))
         own = model_runner(cfg, model, blocks.num_blocks, eos, device, precision.dtype)
+        vision = attach_vision(cfg, model, own, scheduler, device)
         if setup.pooling is not None:
             own.pooler = ChunkPooler(setup.pooling)
         runner: Runner = own if cluster is None else cluster.wrap(own)
@@ -151,6 +156,7 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         deterministic=invariant,
         model_path=_path_of(src, name),
         model_type=model.arch.architecture,
+        vision=vision,
     )
 
 

@@ -34,12 +34,19 @@ class VisionConfig:
     # A folder whose files (`file://` URLs, absolute paths) images may be read from; symlinks and
     # `..` are resolved first, so nothing outside it is reachable. null (the default): no files.
     allowed_local_path: str | None = None
+    # The engine's side. Image tokens whose encoding may start in one step (a prefill chunk ends
+    # before the image that would go over; the step's first image always goes).
+    encoder_budget_tokens: int = 4096
+    # MiB of image embeddings kept by the image's content hash: a repeated image is encoded once.
+    encoder_cache_mb: int = 256
 
     def __post_init__(self) -> None:
         check(self.max_images >= 1, "vision.max_images", "must be >= 1")
         check(self.max_image_bytes >= 1024, "vision.max_image_bytes", "must be >= 1024")
         check(self.max_pixels >= 1, "vision.max_pixels", "must be >= 1")
         check(self.fetch_timeout_s > 0, "vision.fetch_timeout_s", "must be > 0")
+        check(self.encoder_budget_tokens >= 1, "vision.encoder_budget_tokens", "must be >= 1")
+        check(self.encoder_cache_mb >= 0, "vision.encoder_cache_mb", "must be >= 0")
         for entry in self.allowed_domains:
             check(
                 _domain_ok(entry),

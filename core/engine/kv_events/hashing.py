@@ -89,10 +89,18 @@ class BlockHasher:
             h = self._roots[name] = fnv1a_64(cbor_payload(self._seed, None, name))
         return h
 
-    def block(self, parent: int, tokens: Sequence[int]) -> int:
-        """fnv1a_64(cbor_payload(parent, tokens, None)), the token items cached."""
+    def block(self, parent: int, tokens: Sequence[int], images: Sequence[tuple[bytes, int]] = ()) -> int:
+        """fnv1a_64(cbor_payload(parent, tokens, None)), the token items cached. A block an image
+        overlaps carries the images as its extra keys, `[[content_hash, offset], ...]`, where llm-d
+        puts null: the key differs from any text block's (llm-d, which sees token ids only, predicts
+        no hit there, and a different image never shares it)."""
         items = b"".join(map(self._items.__getitem__, tokens))
-        return fnv1a_64(b"\x83" + _head(0, parent) + _head(4, len(tokens)) + items + _NULL)
+        extra = _NULL
+        if images:
+            extra = _head(4, len(images)) + b"".join(
+                _head(4, 2) + _head(2, len(h)) + h + _head(0, off) for h, off in images
+            )
+        return fnv1a_64(b"\x83" + _head(0, parent) + _head(4, len(tokens)) + items + extra)
 
     def chain(self, tokens: Sequence[int], block_size: int, lora_name: str | None = None) -> list[int]:
         """The keys of every full block of `tokens`, as llm-d computes them from a prompt."""

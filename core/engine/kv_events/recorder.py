@@ -18,7 +18,7 @@ hash is stored with the first and removed with the last.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from rillet.core.engine.kv_events.hashing import BlockHasher
 from rillet.core.sequence import Seq
@@ -43,12 +43,15 @@ class KVEventRecorder:
     def admitted(self, seq: Seq, hits: list[int]) -> None:
         self._chains[seq.seq_id] = [self._hash_of[b] for b in hits]
 
-    def full_block(self, seq: Seq, tokens: tuple[int, ...], block: int, registered: bool) -> None:
-        """The next full block of `seq` has K/V for `tokens`; `registered`: it is now findable."""
+    def full_block(self, seq: Seq, key: tuple[object, ...], block: int, registered: bool) -> None:
+        """The next full block of `seq` has K/V for the block key's tokens (then, where images
+        overlap the block, their `(content_hash, offset)`); `registered`: it is now findable."""
         chain = self._chains.setdefault(seq.seq_id, [])
         lora = seq.lora
         parent = chain[-1] if chain else self.hasher.root(None if lora is None else lora.name)
-        h = self.hasher.block(parent, tokens)
+        tokens = cast("tuple[int, ...]", key[: self.block_size])
+        images = cast("tuple[tuple[bytes, int], ...]", key[self.block_size :])
+        h = self.hasher.block(parent, tokens, images)
         chain.append(h)
         if not registered:
             return

@@ -189,3 +189,32 @@ def test_random_workload_index_always_equals_the_pool(seed: int) -> None:
     sync(bm, index)
     assert index.hashes == set() and index.stored > 0 and index.removed > 0
     assert bm.stats.evictions > 0 and bm.stats.hit_tokens > 0  # the workload did evict and share
+
+
+def test_a_block_an_image_overlaps_carries_the_image_in_its_published_key() -> None:
+    """Two prompts of the same placeholder ids with different images: their image blocks are
+    published under different keys, none equal to the text-only key, each llm-d's CBOR payload
+    with the images `[[content_hash, offset]]` as its extra keys; the index still matches."""
+    import numpy as np
+    from rillet.core.vision.payload import MmItem, MmPayload
+
+    def with_image(digest: bytes) -> Seq:
+        s = seq([7] * 8 + [1, 2])
+        s.mm = MmPayload((MmItem(2, 4, digest, np.zeros((1, 1), np.float32)),))
+        return s
+
+    bm, index = pool(16)
+    index.token_keys = False
+    hasher = BlockHasher("tiny-model", "seed")
+    a, b, text = with_image(b"\x01" * 32), with_image(b"\x02" * 32), seq([7] * 8 + [1, 2])
+    for s in (a, b, text):
+        assert prefill(bm, s)
+        sync(bm, index)
+    rec = bm.events
+    assert rec is not None
+    keys = [[rec.hash_of(blk) for blk in s.block_table[:2]] for s in (a, b, text)]
+    assert len({k for ks in keys for k in ks}) == 6  # two images, the text: no block shared
+    root = hasher.root(None)
+    first = fnv1a_64(cbor2.dumps([root, [7] * 4, [[b"\x01" * 32, 2]]], canonical=True))
+    assert keys[0][0] == first
+    assert keys[2][0] == hasher.block(root, [7] * 4)
