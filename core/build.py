@@ -43,6 +43,7 @@ from rillet.core.quant.select import Quantization, resolve_dtype, resolve_quanti
 from rillet.core.runner.model_runner import ModelRunner
 from rillet.core.runner.sampler import Sampler
 from rillet.core.tokenizer.tokenizer import Tokenizer
+from rillet.core.vision.setup import load_vision, split_weights
 from rillet.graphs.buckets import resolve_buckets
 
 log = logging.getLogger(__name__)
@@ -194,6 +195,7 @@ def load_model(
 ) -> DecoderModel:
     """The whole model (one rank), weights loaded and quantized as `precision` says."""
     dtype = precision.dtype
+    vision = None
     if src.kind == "shape":
         arch = shape_arch(cfg.model.shape)
         model = build_model(
@@ -210,12 +212,16 @@ def load_model(
             from rillet.core.loaders.hf import load_hf_folder
 
             arch, weights = load_hf_folder(src.path, dtype)
+            vision = load_vision(src.path, dtype)
+            if vision is not None:  # the tower takes its tensors, the text model the rest
+                weights = split_weights(weights, vision.tower)
             if src.st is not None or src.base:  # saved by sentence-transformers, or bare: the base model
                 arch, weights = st_decoder_weights(arch, src.path, weights)
         backend = make_backend(cfg, arch, device, dtype)
         model = build_model(arch, backend, dtype, device, cfg.model.max_model_len)
         # int4: each projection is quantized as soon as it is read (a lean load: core/model/weights.py)
         model.load_weights(weights, int4=precision.quantization == "int4")
+        model.vision = vision
     maybe_quantize(precision.quantization, model)
     if isinstance(model.backend, InvariantAttentionBackend):
         deterministic.finish(model, model.backend.rows, cfg.cache.block_size)

@@ -15,6 +15,7 @@ from rillet.core.engine.inbox import NewEmbedding, NewRequest
 from rillet.core.outputs import SeqDelta
 from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import FinishReason, TokenLogprob
+from rillet.core.vision.image import ImageInput
 
 
 @dataclass
@@ -75,10 +76,13 @@ class LLM:
         n: int = 1,
         lora: str | Sequence[str | None] | None = None,
         priority: int | Sequence[int] = 0,
+        images: Sequence[Sequence[ImageInput]] | None = None,
     ) -> list[RequestOutput]:
         """All prompts are submitted at once, so they run batched; results in prompt order.
         `lora`: a loaded LoRA adapter's name for every prompt, or one name (or None) per prompt;
-        `priority`: one for every prompt, or one per prompt (lower first, scheduler.policy priority)."""
+        `priority`: one for every prompt, or one per prompt (lower first, scheduler.policy priority);
+        `images`: a vision model's images of each prompt, in order (each prompt holds one
+        placeholder per image, as its chat template writes them: core/vision/front.py)."""
         plist: list[SamplingParams]
         if params is None or isinstance(params, SamplingParams):
             plist = [params or SamplingParams()] * len(prompts)
@@ -94,11 +98,20 @@ class LLM:
             raise ValueError("priority: need one per prompt, or a single one")
         results: dict[str, RequestOutput] = {}
         requests: list[NewRequest] = []
-        for prompt, p, adapter, prio in zip(prompts, plist, loras, prios, strict=True):
+        pictures = list(images) if images is not None else [()] * len(prompts)
+        if len(pictures) != len(prompts):
+            raise ValueError("images: need one list of images per prompt")
+        for prompt, p, adapter, prio, pics in zip(prompts, plist, loras, prios, pictures, strict=True):
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+            mm = None
+            if pics:
+                if self.engine.vision is None:
+                    raise ValueError("images: the model does not take images")
+                mp = self.engine.vision.expand(ids, pics)
+                ids, mm = mp.prompt_ids, mp.mm
             rid = uuid.uuid4().hex
             results[rid] = RequestOutput(rid, ids, [CompletionOutput(i) for i in range(n)])
-            requests.append(NewRequest(rid, ids, p, n=n, lora=adapter, priority=prio))
+            requests.append(NewRequest(rid, ids, p, n=n, lora=adapter, priority=prio, mm=mm))
         self.engine.add_requests(requests)  # one inbox item: the first step sees them all
         self._collect(results)
         return [results[r.request_id] for r in requests]

@@ -48,6 +48,8 @@ from rillet.core.sequence import Seq
 from rillet.core.spec.setup import build_speculator
 from rillet.core.spec.speculator import Speculator
 from rillet.core.tokenizer.tokenizer import Tokenizer
+from rillet.core.vision.attach import attach_vision, refuse_vision
+from rillet.core.vision.setup import VisionModel
 
 if TYPE_CHECKING:
     from rillet.core.distributed.cluster import TPCluster
@@ -78,6 +80,7 @@ class Runtime:
     lora: LoraRegistry | None = None  # LoRA adapters (core/lora/), None when lora asks for none
     timeline: DeviceTimeline | None = None  # CUDA: the device's busy / idle time across steps
     deterministic: bool = False  # engine.deterministic, resolved: batch-invariant kernels serve
+    vision: VisionModel | None = None  # a vision-language model's image side (core/vision/)
 
 
 def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime:
@@ -102,6 +105,7 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         return _encoder_runtime(cfg, src, setup, tokenizer, name, device, precision, report)
     if "generate" not in setup.tasks:  # embeddings never decode: no decode step to compile
         cfg = replace(cfg, graphs=replace(cfg.graphs, enabled="off"))
+    refuse_vision(cfg, src)
     with _cluster(cfg, src, device, precision) as cluster:
         model = _load(cfg, src, device, precision, cluster, report)
         blocks = _block_pool(cfg, model, cluster, precision.dtype, device)
@@ -110,6 +114,7 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         report("kv cache", 0.9)
         eos = tuple(sorted(set(tokenizer.eos_token_ids) | set(model.arch.eos_token_ids)))
         own = model_runner(cfg, model, blocks.num_blocks, eos, device, precision.dtype)
+        vision = attach_vision(cfg, model, own, device)
         if setup.pooling is not None:
             own.pooler = ChunkPooler(setup.pooling)
         runner: Runner = own if cluster is None else cluster.wrap(own)
@@ -143,6 +148,7 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         lora=lora,
         timeline=own.timeline,
         deterministic=invariant,
+        vision=vision,
     )
 
 

@@ -31,6 +31,7 @@ from rillet.core.structured.matcher import GrammarMatcher
 
 if TYPE_CHECKING:  # torch-free at run time: the HTTP layer imports this module
     from rillet.core.lora.adapter import LoraAdapter
+    from rillet.core.vision.payload import MmPayload
 
 
 class SeqStatus(enum.Enum):
@@ -90,6 +91,14 @@ class Seq:
     # params.prompt_logprobs (choice 0 only: its siblings share the prompt): the logprobs of prompt
     # tokens 1.. as the prefill computes them; complete at len(prompt_ids) - 1 entries
     prompt_lps: list[TokenLogprob] | None = None
+    # a vision model's images (core/vision/payload.py): encoded at prefill, their hashes in the
+    # prefix cache's block keys; None for a text prompt
+    mm: MmPayload | None = None
+
+    @property
+    def rope_delta(self) -> int:
+        """What RoPE adds to a position past the prompt (M-RoPE: images take fewer positions)."""
+        return 0 if self.mm is None else self.mm.rope_delta
 
     @property
     def prompt_len(self) -> int:

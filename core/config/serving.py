@@ -109,7 +109,7 @@ class ServerConfig:
 
 
 def _is_origin(value: object) -> bool:
-    """"*", or a web origin: scheme, host and port, no path."""
+    """ "*", or a web origin: scheme, host and port, no path."""
     if value == "*":
         return True
     if not isinstance(value, str) or not value.startswith(("http://", "https://")):

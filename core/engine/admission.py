@@ -20,6 +20,7 @@ from rillet.core.sampling_params import SamplingParams
 from rillet.core.sequence import Seq
 from rillet.core.structured.compiler import GrammarCompiler
 from rillet.core.structured.spec import GrammarSpec, GrammarUnavailable
+from rillet.core.vision.payload import MmPayload
 
 # An embedding sequence's: one step's worth of "output" (its vector), never sampled
 _EMBED_SAMPLING = SamplingParams(max_tokens=1, temperature=0.0)
@@ -43,6 +44,7 @@ class Admission:
         self.vocab_size: int | None = vocab or getattr(rt.tokenizer, "vocab_size", None)
         self.grammars = grammars
         self._no_grammar = no_grammar  # why there is no grammar cache, for GrammarUnavailable
+        self.vision = rt.vision is not None  # a vision-language model: requests may carry images
         self._seq_ids = itertools.count()  # next() is atomic under the GIL: any thread may add
 
     # ---- generation requests ---------------------------------------------------------------------
@@ -52,6 +54,7 @@ class Admission:
         if "generate" not in self.tasks:
             raise RequestError("model", f"{self.model_name} is an embedding model (model.task: embed)")
         self._check_priority(r.priority)
+        self._check_mm(r)
         prompt_ids, params = r.prompt_ids, r.params
         if not prompt_ids:
             raise RequestError("prompt", "must contain at least one token")
@@ -76,6 +79,14 @@ class Admission:
                 "priority", f"is {priority} but priority scheduling is off (scheduler.policy: fcfs)"
             )
 
+    def _check_mm(self, r: NewRequest) -> None:
+        if r.mm is None:
+            return
+        if not self.vision:
+            raise RequestError("messages", f"{self.model_name} does not take images")
+        if not isinstance(r.mm, MmPayload) or any(it.end > len(r.prompt_ids) for it in r.mm.items):
+            raise RequestError("messages", "the image payload does not match the prompt (VisionFront.expand)")
+
     def _check_ids(self, param: str, ids: list[int]) -> None:
         """Every id indexes the model's embeddings: a tokenizer larger than the model (a folder
         without tokenizer.json borrows the default model's) must not reach the step with one."""
@@ -99,6 +110,7 @@ class Admission:
             if p.prompt_logprobs is not None and i == 0:
                 seq.prompt_lps = []
             seq.lora = adapter
+            seq.mm = r.mm  # type: ignore[assignment]  # checked: an MmPayload or None
             if p.grammar is not None:
                 self.prepare_grammar(p.grammar)  # a cache hit after the HTTP layer's prepare
                 assert self.grammars is not None

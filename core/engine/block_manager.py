@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from rillet.core.sequence import Seq
 
-BlockKey = tuple[int, tuple[int, ...]]  # (hash of the parent key or the root, the block's tokens)
+BlockKey = tuple[int, tuple[object, ...]]  # (hash of the parent key or the root, its tokens [+ images])
 
 
 def _root(seq: Seq) -> int:
@@ -99,7 +99,13 @@ class BlockManager:
 
     def _key(self, seq: Seq, i: int, parent: int) -> BlockKey:
         bs = self.block_size
-        return (parent, tuple(seq.tokens(i * bs, (i + 1) * bs)))
+        tokens = tuple(seq.tokens(i * bs, (i + 1) * bs))
+        if seq.mm is None:
+            return (parent, tokens)
+        # two images of one size expand to the same placeholder ids: a block an image overlaps is
+        # keyed on the image's pixels too (with the image's first token, for one cut across blocks)
+        images = tuple((it.content_hash, it.offset) for it in seq.mm.overlapping(i * bs, (i + 1) * bs))
+        return (parent, tokens + images) if images else (parent, tokens)
 
     def admit(self, seq: Seq, budget: int) -> int:
         """Takes prefix hits plus blocks for the first chunk (at most `budget` tokens) after them.

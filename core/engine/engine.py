@@ -101,7 +101,8 @@ class Engine:
         self.model_name, self.max_model_len, self.tasks = a.model_name, a.max_model_len, a.tasks
         self.lora, self.embedding_size, self.grammars = a.lora, a.embedding_size, a.grammars
         self.vocab_size = a.vocab_size
-        self.vision: VisionFront | None = None  # a vision-language model's image front end (core/vision/)
+        # a vision-language model's image front end (core/vision/); None for a text model
+        self.vision: VisionFront | None = None if rt.vision is None else rt.vision.front
         if rt.cluster is not None:
             rt.cluster.watch(self.fail)
         self.handoff_s = resolve_handoff(self.cfg, rt.device.type)

@@ -97,4 +97,3 @@ class RunLanding:
                 self._finish(seq, reason)
                 break
         return "".join(parts), reason, len(parts), detok.stop_str
-

@@ -45,6 +45,9 @@ class ModelArch:
     sliding_window: int | None = None  # a sliding layer attends to its last `sliding_window` positions
     sliding_layers: tuple[int, ...] = ()  # indices of the sliding layers (None window: unmasked)
     rope_local_theta: float | None = None  # RoPE base of sliding layers, unscaled (Gemma 3)
+    # M-RoPE (Qwen2-VL): frequencies [0, D/2) split into (temporal, height, width) sections, each
+    # rotated by its own position stream at prefill; () = one position stream
+    mrope_section: tuple[int, ...] = ()
     # ---- mixture of experts (num_experts 0: none) --------------------------------------------
     num_experts: int = 0
     num_experts_per_tok: int = 0

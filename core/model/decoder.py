@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -21,12 +22,21 @@ from rillet.core.lora.stack import LoraStack
 from rillet.core.model.arch import ModelArch
 from rillet.core.model.decoder_layer import DecoderLayer, empty_param
 from rillet.core.model.int4_layers import check_int4_dtype, quantize_layers, streaming_quantizer
-from rillet.core.model.rope import RotaryEmbedding
+from rillet.core.model.rope import RotaryEmbedding, mrope_cos_sin
 from rillet.core.model.weights import Target, load_into
 from rillet.core.quant.int4 import Int4Weight, Int8Weight, lin
 from torch import nn
 
 logger = logging.getLogger(__name__)
+
+
+class MmEmbeds(NamedTuple):
+    """A prefill step's image inputs (core/runner/mm_inputs.py): `embeds` [N, H] replace the token
+    embeddings at `rows` [N] of the step; `positions` [3, T]: M-RoPE streams of every token."""
+
+    rows: torch.Tensor | None
+    embeds: torch.Tensor | None
+    positions: torch.Tensor | None
 
 
 class DecoderModel(nn.Module):
@@ -54,6 +64,8 @@ class DecoderModel(nn.Module):
         # an argument: Inductor's weight freezing folds whatever a module holds into constants,
         # and a compiled step would then never see an adapter loaded into a slot.
         self.lora: LoraStack | None = None
+        # a vision-language model's image side (core/vision/setup.py VisionModel), set by the loader
+        self.vision: Any = None
         # cos/sin are computed in fp32 and stored in the model dtype, as HF casts them to the input's
         positions = max_position or arch.max_position
         self.rope = RotaryEmbedding(
@@ -78,11 +90,17 @@ class DecoderModel(nn.Module):
         meta: StepMetadata,
         lora_slots: torch.Tensor | None = None,  # [T] int64 LoRA slot of each token (0: base model)
         lora: LoraStack | None = None,  # the buffers lora_slots index (the model's own: self.lora)
+        mm: MmEmbeds | None = None,  # a vision model's prefill: image embeddings, M-RoPE positions
     ) -> torch.Tensor:  # [T, H], after the final norm
         x = F.embedding(input_ids, self.embed_tokens)
         if self.embed_scale is not None:
             x = x * self.embed_scale
-        rope = self.rope.cos_sin(positions)
+        if mm is not None and mm.rows is not None and mm.embeds is not None:
+            x = x.index_copy(0, mm.rows, mm.embeds.to(x.dtype))  # images' rows: never scaled
+        if mm is not None and mm.positions is not None:
+            rope = mrope_cos_sin(self.rope, mm.positions, self.arch.mrope_section)
+        else:
+            rope = self.rope.cos_sin(positions)
         local = rope if self.rope_local is None else self.rope_local.cos_sin(positions)
         # one mix per step, shared by every layer's LoRA projections
         mix = None if lora is None or lora_slots is None else lora.mix(lora_slots)

@@ -19,7 +19,9 @@ from rillet.core.config import ConfigError
 from rillet.core.model.arch import ModelArch
 
 HF_MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3")
-HF_MODEL_TYPES += ("phi3", "mixtral", "qwen3_moe")
+HF_MODEL_TYPES += ("phi3", "mixtral", "qwen3_moe", "qwen2_vl", "qwen2_5_vl")
+# Vision-language models: a Qwen2 text model with M-RoPE under a vision tower (core/vision/qwen2_vl/)
+QWEN_VL_TYPES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl")
 # Encoders run only as embedding models, from a sentence-transformers folder (core/model/encoder.py)
 ENCODER_MODEL_TYPES: tuple[str, ...] = ("bert",)
 _GEMMA = ("gemma2", "gemma3_text", "gemma3")
@@ -59,7 +61,30 @@ def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg.get("model_type") == "gemma3":
         top = {k: cfg[k] for k in ("eos_token_id", "bos_token_id", "tie_word_embeddings") if k in cfg}
         return {**_GEMMA3_TEXT, **top, **(cfg.get("text_config") or {}), "model_type": "gemma3_text"}
+    if cfg.get("model_type") in QWEN_VL_TYPES:
+        return _qwen_vl_text(cfg)
     return cfg
+
+
+def _qwen_vl_text(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A Qwen2-VL / Qwen2.5-VL's text model as a Qwen2 config with its `mrope_section`: released
+    configs are flat with `rope_scaling {"type": "mrope", "mrope_section": ...}`, transformers 5
+    nests a `text_config` whose `rope_parameters` hold the section."""
+    outer = {k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")}
+    text = {**outer, **(cfg.get("text_config") or {})}
+    section: list[int] | None = None
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = text.get(key)
+        if isinstance(rope, dict) and "mrope_section" in rope:
+            section = [int(x) for x in rope["mrope_section"]]
+            rest = {k: v for k, v in rope.items() if k not in ("mrope_section", "type", "rope_type")}
+            kind = rope.get("rope_type", rope.get("type", "default"))
+            text[key] = {**rest, "rope_type": "default"} if kind in ("mrope", "default") else rope
+            if key == "rope_scaling":
+                text.pop(key)
+    if section is None:
+        raise ConfigError("model.path", "config.json: a Qwen VL model without rope mrope_section")
+    return {**text, "model_type": "qwen2", "mrope_section": section}
 
 
 def _eos(cfg: dict[str, Any]) -> tuple[int, ...]:
@@ -211,6 +236,7 @@ def arch_from_hf_config(cfg: dict[str, Any]) -> ModelArch:
         sliding_window=window if window is not None and window < max_pos else None,
         sliding_layers=sliding_layers(cfg, n, window),
         rope_local_theta=local,
+        mrope_section=tuple(cfg.get("mrope_section") or ()),
         **family,
         **_moe(cfg, n),
     )

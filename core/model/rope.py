@@ -163,3 +163,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     IEEE result (a + (-b) is a - b exactly), in four ops instead of seven, once per layer."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((x2, x1), dim=-1) * sin
+
+
+def mrope_cos_sin(
+    rope: RotaryEmbedding, positions: torch.Tensor, section: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """M-RoPE (Qwen2-VL): positions [3, T] (temporal, height, width streams) -> cos, sin [T, 1, D].
+
+    Frequency j of the half head takes its angle from the stream whose section holds j (sections in
+    order, summing to D/2), as transformers' `recomposition_frequencies`: a gather of table entries,
+    so a text token (three equal positions) gets exactly ordinary RoPE's cos/sin."""
+    half = rope.head_dim // 2
+    stream = torch.repeat_interleave(torch.arange(len(section)), torch.tensor(section), output_size=half)
+    sel = torch.cat((stream, stream)).to(positions.device)  # [D]
+    t = positions.shape[1]
+    index = sel.view(1, 1, -1).expand(1, t, -1)
+    cos = rope.cos[positions].gather(0, index).squeeze(0)  # [3, T, D] -> [T, D]
+    sin = rope.sin[positions].gather(0, index).squeeze(0)
+    return cos.unsqueeze(1), sin.unsqueeze(1)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from rillet.core.attention.base import VerifyMetadata
 from rillet.core.engine.scheduler import ScheduledBatch
-from rillet.core.model.decoder import DecoderModel, KVCache
+from rillet.core.model.decoder import DecoderModel, KVCache, MmEmbeds
 from rillet.core.runner.base import InflightStep, SampleResult
 from rillet.core.runner.inflight.device_timeline import DeviceTimeline, StepMarks
 from rillet.core.runner.inflight.sample_output import DeviceSample, HostSample
@@ -29,6 +29,7 @@ from rillet.core.spec.grammar import verify_masks
 from rillet.core.spec.verify_layout import padded_verify_batch
 from rillet.core.spec.views import position_views
 from rillet.core.structured.masks import MaskFiller, PendingMask
+from rillet.core.vision.mm_step import VisionStep
 from rillet.graphs.interface import DecodeBatch
 from rillet.graphs.runner import GraphRunner
 
@@ -90,6 +91,8 @@ class ModelRunner:
         self.masks: MaskFiller | None = None  # set when structured outputs are available
         # model.task embed / both: embedding sequences are pooled instead of sampled
         self.pooler: ChunkPooler | None = None
+        # A vision-language model's image inputs of each step (core/vision/mm_step.py); None: text only
+        self.vision: VisionStep | None = None
         # Tensor parallelism: sends each step's inputs to the other ranks before the forward.
         self.publish_inputs: Callable[[StepInputs], None] | None = None
 
@@ -132,9 +135,13 @@ class ModelRunner:
         pooled: Pooled | None = None
         if marks is not None and self.timeline is not None:
             self.timeline.forward(marks)
-        hidden = self._multi_query_hidden(inp) if self.publish_inputs is None else None
+        positions, mm = (
+            (inp.positions, None) if self.vision is None else self.vision.inputs(batch, inp.positions)
+        )
+        multi = self.publish_inputs is None and self.vision is None
+        hidden = self._multi_query_hidden(inp) if multi else None
         if hidden is None:  # the flat layout: [T, H], every token of the step
-            hidden = self._hidden(inp)
+            hidden = self._hidden(inp, positions, mm)
             if inp.pool:
                 pooled_seqs, pooled = self._pool(hidden, inp)
         prompt_lps = (
@@ -175,15 +182,20 @@ class ModelRunner:
             raise RuntimeError("this model does not serve embeddings (model.task)")
         return self.pooler.take(hidden, inp.pool)
 
-    def _hidden(self, inp: StepInputs) -> torch.Tensor:  # [T, H], or [B, H] from the graph runner
-        """The step's forward in the flat token layout (tensor-parallel workers run it too)."""
+    def _hidden(
+        self, inp: StepInputs, positions: torch.Tensor | None = None, mm: MmEmbeds | None = None
+    ) -> torch.Tensor:  # [T, H], or [B, H] from the graph runner
+        """The step's forward in the flat token layout (tensor-parallel workers run it too).
+        `positions`: what RoPE sees (a vision model's: + each sequence's M-RoPE delta), `mm` a
+        vision model's prefill inputs (core/vision/mm_step.py)."""
         m = inp.meta
         gr = self.graph_runner
-        if gr is not None and m.is_decode_only and gr.takes(m.num_seqs):
+        positions = inp.positions if positions is None else positions
+        if gr is not None and m.is_decode_only and gr.takes(m.num_seqs) and mm is None:
             hidden = gr.run(
                 DecodeBatch(
                     inp.input_ids,
-                    inp.positions,
+                    positions,
                     m.slot_mapping,
                     m.seq_lens,
                     m.block_tables,
@@ -195,7 +207,7 @@ class ModelRunner:
         else:
             self.model.backend.begin_step(m)
             hidden = self.model(
-                inp.input_ids, inp.positions, self.kv_caches, m, inp.lora_slots, self.model.lora
+                inp.input_ids, positions, self.kv_caches, m, inp.lora_slots, self.model.lora, mm
             )  # [T, H]
         return hidden
 

@@ -1,0 +1,51 @@
+"""A vision-language model's image side joined to the runner, and what it does not run with."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import torch
+from rillet.core.build import ModelSource
+from rillet.core.config import ConfigError, RilletConfig
+from rillet.core.model.decoder import DecoderModel
+from rillet.core.model.families import QWEN_VL_TYPES
+from rillet.core.runner.model_runner import ModelRunner
+from rillet.core.vision.encoder_cache import EncoderCache
+from rillet.core.vision.mm_step import VisionStep
+from rillet.core.vision.setup import VisionModel
+
+log = logging.getLogger(__name__)
+
+ENCODER_CACHE_BYTES = 256 * 2**20  # image embeddings kept by content hash
+
+
+def is_vision_folder(src: ModelSource) -> bool:
+    if src.kind != "hf" or src.path is None or not (src.path / "config.json").is_file():
+        return False
+    return json.loads((src.path / "config.json").read_text()).get("model_type") in QWEN_VL_TYPES
+
+
+def refuse_vision(cfg: RilletConfig, src: ModelSource) -> None:
+    """Before any rank starts: a vision model runs on one rank, without speculative decoding."""
+    if not is_vision_folder(src):
+        return
+    if cfg.parallel.tensor_parallel_size > 1:
+        why = "a vision-language model runs on one rank (its tower and M-RoPE are not sharded yet)"
+        raise ConfigError("parallel.tensor_parallel_size", why)
+    if cfg.speculative.enabled:
+        raise ConfigError(
+            "speculative.method", "speculative decoding does not run with a vision-language model"
+        )
+
+
+def attach_vision(
+    cfg: RilletConfig, model: DecoderModel, runner: ModelRunner, device: torch.device
+) -> VisionModel | None:
+    vision: VisionModel | None = model.vision
+    if vision is None:
+        return None
+    cache = EncoderCache(ENCODER_CACHE_BYTES)
+    runner.vision = VisionStep(vision.tower, cache, device, mrope=bool(model.arch.mrope_section))
+    log.info("vision: images through %s", type(vision.tower).__name__)
+    return vision

@@ -1,0 +1,49 @@
+"""A Hugging Face folder's vision side, when it has one: the family's front end and tower, and the
+checkpoint's tensors split between the tower and the text model (core/build.py loads the latter)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rillet.core.model.families import QWEN_VL_TYPES
+from rillet.core.vision.family import VisionTower
+from rillet.core.vision.front import VisionFront
+
+
+@dataclass(frozen=True, eq=False)
+class VisionModel:
+    """What the engine holds of a vision-language model (core/vision/family.py)."""
+
+    front: VisionFront
+    tower: VisionTower
+
+
+def load_vision(root: Path, dtype: torch.dtype) -> VisionModel | None:
+    """The folder's vision model (weights not loaded yet: `split_weights`), None for a text model."""
+    cfg = json.loads((root / "config.json").read_text())
+    if cfg.get("model_type") not in QWEN_VL_TYPES:
+        return None
+    from rillet.core.vision.qwen2_vl.front import QwenVLFront
+    from rillet.core.vision.qwen2_vl.pixels import Preprocessor
+    from rillet.core.vision.qwen2_vl.tower import QwenVisionTower
+
+    image_token = int(cfg.get("image_token_id", cfg.get("text_config", {}).get("image_token_id", 151655)))
+    front = QwenVLFront(Preprocessor.from_folder(root), image_token)
+    return VisionModel(front, QwenVisionTower(cfg["vision_config"], dtype))
+
+
+def split_weights(
+    weights: Iterator[tuple[str, torch.Tensor]], tower: VisionTower
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The text model's tensors; the tower's are kept aside and loaded once the file is read."""
+    mine: list[tuple[str, torch.Tensor]] = []
+    for name, t in weights:
+        if tower.claims(name):
+            mine.append((name, t))
+        else:
+            yield name, t
+    tower.load_weights(mine)
