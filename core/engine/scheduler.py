@@ -163,6 +163,11 @@ class Scheduler:
             if seq.draft_ids:  # leaves a token of the budget to each running sequence after it
                 n = _with_draft(seq, n, budget - (len(running) - i - 1))
             n = n if n < budget else budget
+            if seq.mm is not None:  # a chunk never splits a bidirectional image (Gemma 3)
+                n = seq.mm.chunk_tokens(seq.num_computed, n)
+                if n == 0:
+                    i += 1  # its image waits for a step with the budget for all of it
+                    continue
             embed = embeds and seq.embed is not None
             if embed and room is not None:
                 n = min(n, room)

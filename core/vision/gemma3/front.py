@@ -36,6 +36,8 @@ class Gemma3Front:
         self.encode = encode
         self.max_images = max_images
         self.max_pixels = max_pixels
+        # one image's tokens, attended bidirectionally: a prefill chunk holds them whole
+        self.image_block_tokens = arch.mm_tokens_per_image
         # id -> how many newlines it is, for the ids that are a run of newlines alone
         self.newlines: dict[int, int] = {}
         for n in range(1, MAX_NEWLINE_RUN + 1):
@@ -62,7 +64,7 @@ class Gemma3Front:
             MmItem(at, a.mm_tokens_per_image, img.content_hash, pixel_values(img.image, self.pre))
             for at, img in zip(starts, images, strict=True)
         )
-        return MultimodalPrompt(ids, len(items) * a.mm_tokens_per_image, MmPayload(items))
+        return MultimodalPrompt(ids, len(items) * a.mm_tokens_per_image, MmPayload(items, bidirectional=True))
 
     def _expanded_ids(self, prompt_ids: list[int]) -> list[int]:
         """Each `<start_of_image>` as its full sequence; every run of newlines that touches an
