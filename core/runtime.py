@@ -114,7 +114,7 @@ def load_runtime(cfg: RilletConfig, progress: Progress | None = None) -> Runtime
         report("kv cache", 0.9)
         eos = tuple(sorted(set(tokenizer.eos_token_ids) | set(model.arch.eos_token_ids)))
         own = model_runner(cfg, model, blocks.num_blocks, eos, device, precision.dtype)
-        vision = attach_vision(cfg, model, own, device)
+        vision = attach_vision(cfg, model, own, scheduler, device)
         if setup.pooling is not None:
             own.pooler = ChunkPooler(setup.pooling)
         runner: Runner = own if cluster is None else cluster.wrap(own)

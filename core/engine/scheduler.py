@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 from rillet.core.config import SchedulerConfig
 from rillet.core.engine.block_manager import BlockManager
+from rillet.core.engine.scheduling.encoder_budget import fit_images
 from rillet.core.engine.scheduling.priority import PriorityOrder
 from rillet.core.lora.slots import SlotTable, SlotWrite
 from rillet.core.sequence import FinishReason, Seq, SeqStatus
@@ -75,6 +76,10 @@ class Scheduler:
         self.preemptions = 0  # sequences preempted since start (/metrics)
         # scheduler.policy priority: keeps `waiting` and `running` in priority order; None: fcfs
         self.order = PriorityOrder(cfg.max_wait_s) if cfg.policy == "priority" else None
+        # A vision model's image tokens whose encoding may start in one step (None: no limit;
+        # scheduling/encoder_budget.py), and what is left of it in the step being scheduled
+        self.encoder_budget: int | None = None
+        self._encoder_left = 0
 
     # ---- queue management --------------------------------------------------------------------
     def add(self, seq: Seq) -> None:
@@ -116,6 +121,7 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.cfg.max_num_batched_tokens
+        self._encoder_left = self.encoder_budget or 0
         room = self._embed_room()
         if self.order is not None:
             self._displace(self.order, batch)
@@ -167,6 +173,11 @@ class Scheduler:
                 n = seq.mm.chunk_tokens(seq.num_computed, n)
                 if n == 0:
                     i += 1  # its image waits for a step with the budget for all of it
+                    continue
+            if seq.mm is not None and self.encoder_budget is not None:
+                n = self._fit_images(seq, seq.num_computed, n)
+                if n <= 0:
+                    i += 1  # its next image waits for a step with encoder budget left
                     continue
             embed = embeds and seq.embed is not None
             if embed and room is not None:
@@ -221,6 +232,9 @@ class Scheduler:
             if embed is not None and embed.whole:  # an encoder's: the whole prompt at once, no KV blocks
                 n = seq.prompt_len if seq.prompt_len <= limit else 0
             else:
+                if seq.mm is not None and self.encoder_budget is not None and limit > 0:
+                    start = len(self.blocks.match_prefix(seq)) * self.blocks.block_size
+                    limit = self._fit_images(seq, start, limit)
                 n = self.blocks.admit(seq, limit) if limit > 0 else 0
             if n == 0:
                 if slot and self.lora_slots is not None:
@@ -242,6 +256,14 @@ class Scheduler:
                 if room is not None:
                     room -= n
         return budget
+
+    def _fit_images(self, seq: Seq, start: int, n: int) -> int:
+        assert self.encoder_budget is not None
+        fresh = self._encoder_left == self.encoder_budget
+        n, used = fit_images(seq, start, n, self._encoder_left, fresh)
+        if n > 0:
+            self._encoder_left -= used
+        return n
 
     def _take_slot(self, seq: Seq) -> int | None:
         """The LoRA slot the sequence runs with (0: the base model), or None: none free now."""

@@ -8,6 +8,7 @@ import logging
 import torch
 from rillet.core.build import ModelSource
 from rillet.core.config import ConfigError, RilletConfig
+from rillet.core.engine.scheduler import Scheduler
 from rillet.core.model.decoder import DecoderModel
 from rillet.core.runner.model_runner import ModelRunner
 from rillet.core.vision.encoder_cache import EncoderCache
@@ -16,7 +17,18 @@ from rillet.core.vision.setup import VisionModel, is_vision_config
 
 log = logging.getLogger(__name__)
 
-ENCODER_CACHE_BYTES = 256 * 2**20  # image embeddings kept by content hash
+# Engine-side `vision.*` keys, read where the `vision` config section has them (core/config/vision.py
+# holds the HTTP side's limits); these defaults otherwise
+ENCODER_CACHE_MB = 256  # vision.encoder_cache_mb: image embeddings kept by content hash
+ENCODER_BUDGET_TOKENS = 4096  # vision.encoder_budget_tokens: image tokens encoded per step at most
+
+
+def _vision_key(cfg: RilletConfig, key: str, default: int) -> int:
+    section = getattr(cfg, "vision", None)
+    value = getattr(section, key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"vision.{key}", f"must be an integer >= 1, got {value!r}")
+    return value
 
 
 def is_vision_folder(src: ModelSource) -> bool:
@@ -39,14 +51,18 @@ def refuse_vision(cfg: RilletConfig, src: ModelSource) -> None:
 
 
 def attach_vision(
-    cfg: RilletConfig, model: DecoderModel, runner: ModelRunner, device: torch.device
+    cfg: RilletConfig, model: DecoderModel, runner: ModelRunner, scheduler: Scheduler, device: torch.device
 ) -> VisionModel | None:
     vision: VisionModel | None = model.vision
     if vision is None:
         return None
     check_image_blocks(cfg, vision, model)
-    cache = EncoderCache(ENCODER_CACHE_BYTES)
+    cache = EncoderCache(_vision_key(cfg, "encoder_cache_mb", ENCODER_CACHE_MB) * 2**20)
     runner.vision = VisionStep(vision.tower, cache, device, mrope=bool(model.arch.mrope_section))
+    scheduler.encoder_budget = _vision_key(cfg, "encoder_budget_tokens", ENCODER_BUDGET_TOKENS)
+    front = vision.front
+    front.max_images = _vision_key(cfg, "max_images", front.max_images)
+    front.max_pixels = _vision_key(cfg, "max_pixels", front.max_pixels)
     log.info("vision: images through %s", type(vision.tower).__name__)
     return vision
 

@@ -42,10 +42,12 @@ def load_vision(root: Path, dtype: torch.dtype) -> VisionModel | None:
     from rillet.core.vision.qwen2_vl.front import QwenVLFront
     from rillet.core.vision.qwen2_vl.pixels import Preprocessor
     from rillet.core.vision.qwen2_vl.tower import QwenVisionTower
+    from rillet.core.vision.qwen2_vl.tower25 import Qwen25VisionTower
 
     image_token = int(cfg.get("image_token_id", cfg.get("text_config", {}).get("image_token_id", 151655)))
     front = QwenVLFront(Preprocessor.from_folder(root), image_token)
-    return VisionModel(front, QwenVisionTower(cfg["vision_config"], dtype))
+    tower = Qwen25VisionTower if cfg["model_type"] == "qwen2_5_vl" else QwenVisionTower
+    return VisionModel(front, tower(cfg["vision_config"], dtype))
 
 
 def split_weights(

@@ -28,7 +28,7 @@ def _act(name: str) -> Any:
 
 class QwenVisionTower:
     def __init__(self, vcfg: dict[str, Any], dtype: torch.dtype) -> None:
-        self.dim = int(vcfg.get("embed_dim", 1280))
+        self.dim = int(vcfg.get("embed_dim", 1280) if "embed_dim" in vcfg else vcfg.get("hidden_size", 1280))
         self.heads = int(vcfg.get("num_heads", 16))
         self.depth = int(vcfg.get("depth", 32))
         self.merge = int(vcfg.get("spatial_merge_size", 2))
@@ -85,12 +85,24 @@ class QwenVisionTower:
         x = F.linear(pixels, self._w("patch_embed.proj.weight"))  # [N, dim]
         cos, sin = self._rope(items)
         lens = [it.grid[0] * it.grid[1] * it.grid[2] for it in items]
-        for i in range(self.depth):
-            x = self._block(x, f"blocks.{i}.", cos, sin, lens)
+        x = self._blocks(x, cos, sin, lens, items)
         return self._merge(x).split([n // self.merge**2 for n in lens])
 
+    def _blocks(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lens: list[int], items: Sequence[MmItem]
+    ) -> torch.Tensor:
+        for i in range(self.depth):
+            x = self._block(x, f"blocks.{i}.", cos, sin, lens)
+        return x
+
+    def _norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        return self._ln(x, name)
+
+    def _mlp(self, h: torch.Tensor, p: str) -> torch.Tensor:
+        return self._linear(self.act(self._linear(h, f"{p}mlp.fc1")), f"{p}mlp.fc2")
+
     def _merge(self, x: torch.Tensor) -> torch.Tensor:
-        x = self._ln(x, "merger.ln_q").reshape(-1, self.dim * self.merge**2)
+        x = self._norm(x, "merger.ln_q").reshape(-1, self.dim * self.merge**2)
         return self._linear(F.gelu(self._linear(x, "merger.mlp.0")), "merger.mlp.2")
 
     def _rope(self, items: Sequence[MmItem]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,9 +123,8 @@ class QwenVisionTower:
     def _block(
         self, x: torch.Tensor, p: str, cos: torch.Tensor, sin: torch.Tensor, lens: list[int]
     ) -> torch.Tensor:
-        x = x + self._attention(self._ln(x, f"{p}norm1"), p, cos, sin, lens)
-        h = self._ln(x, f"{p}norm2")
-        return x + self._linear(self.act(self._linear(h, f"{p}mlp.fc1")), f"{p}mlp.fc2")
+        x = x + self._attention(self._norm(x, f"{p}norm1"), p, cos, sin, lens)
+        return x + self._mlp(self._norm(x, f"{p}norm2"), p)
 
     def _attention(
         self, x: torch.Tensor, p: str, cos: torch.Tensor, sin: torch.Tensor, lens: list[int]

@@ -103,3 +103,57 @@ def make_qwen_vl(folder: Path, family: str = "qwen2_vl", seed: int = 0) -> tuple
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(folder)
     return model, images
+
+
+def png(seed: int, height: int, width: int, level: int | None = None) -> Any:
+    """A random RGB image (`level`: one grey level instead) through decode_image (a PNG's bytes),
+    as a front end hands it over."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+    from rillet.core.vision.image import decode_image
+
+    arr = np.random.RandomState(seed).randint(0, 255, (height, width, 3), dtype=np.uint8)
+    if level is not None:
+        arr[:] = level
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "PNG")
+    return decode_image(buf.getvalue(), f"image{seed}", 10**8)
+
+
+def chat_ids(images: int, text: str) -> list[int]:
+    """The chat template's prompt for one user turn: `images` image entries, then `text`."""
+    tok = tokenizer()
+    content = [{"type": "image"}] * images + [{"type": "text", "text": text}]
+    msgs = [{"role": "user", "content": content}]
+    rendered = tok.apply_chat_template(
+        msgs, add_generation_prompt=True, tokenize=False, chat_template=CHAT_TEMPLATE
+    )
+    return list(tok(rendered)["input_ids"])
+
+
+def hf_generate(
+    model: Any, processor: Any, ids: list[int], images: list[Any], max_new: int
+) -> tuple[list[int], list[int], Any]:
+    """transformers' greedy answer: (expanded prompt, new tokens, first step's logprobs [V])."""
+    kw: dict[str, Any] = {}
+    expanded = list(ids)
+    if images:
+        out = processor(images=[i.image for i in images], return_tensors="pt")
+        runs = iter(int(g.prod()) // 4 for g in out["image_grid_thw"])
+        expanded = [t for tok in ids for t in ([tok] * next(runs) if tok == IMAGE_TOKEN_ID else [tok])]
+        kw = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+    x = torch.tensor([expanded])
+    kw["mm_token_type_ids"] = (x == IMAGE_TOKEN_ID).int()
+    with torch.no_grad():
+        g = model.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=max_new,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+            **kw,
+        )
+    return expanded, g.sequences[0, len(expanded) :].tolist(), torch.log_softmax(g.scores[0][0].float(), -1)
