@@ -141,6 +141,10 @@ def test_config_forms_and_refusals(tmp_path: Path, hf: tuple[Path, Any, Any]) ->
     flat |= {f"vision_{k}": v for k, v in cfg["vision_config"].items()}
     assert vision_arch(flat) == nested
     assert (nested.mm_tokens_per_image, nested.pool_kernel, nested.image_token_id) == (4, 2, 114)
+    # a released config.json names only what differs from SigLIP's defaults
+    released = {**cfg, "vision_config": {k: cfg["vision_config"][k] for k in ("hidden_size", "image_size")}}
+    rel = vision_arch(released)
+    assert (rel.layer_norm_eps, rel.hidden_act, rel.num_layers, rel.patch_size) == (1e-6, "gelu_tanh", 12, 16)
     with pytest.raises(ConfigError, match="mm_tokens_per_image"):
         vision_arch({**cfg, "mm_tokens_per_image": 3})
     (tmp_path / "preprocessor_config.json").write_text(json.dumps({"do_pan_and_scan": True}))
