@@ -74,12 +74,12 @@ def check_image_blocks(cfg: RilletConfig, vision: VisionModel, model: DecoderMod
     if not tokens:
         return
     if not model.backend.image_blocks:
-        key = "engine.deterministic" if model.backend.name == "invariant" else "attention.backend"
-        why = (
-            f"the {model.backend.name} attention backend has no bidirectional image blocks "
-            f"({model.arch.architecture}'s images need them); use attention.backend torch"
-        )
-        raise ConfigError(key, why)
+        need = "its images' tokens attend to each other, later ones too"
+        if model.backend.name == "invariant":
+            why = f"deterministic attention has no bidirectional image blocks ({need}); set it off"
+            raise ConfigError("engine.deterministic", why)
+        why = f"the {model.backend.name} backend has no bidirectional image blocks ({need}); use torch"
+        raise ConfigError("attention.backend", why)
     if cfg.scheduler.max_num_batched_tokens < tokens:
         why = f"must hold one whole image's {tokens} tokens (a prefill chunk never splits one)"
         raise ConfigError("scheduler.max_num_batched_tokens", why)

@@ -154,11 +154,21 @@ def test_prefix_cache_hits_the_same_image_and_misses_another_of_its_size(
     assert other.outputs[0].cached_tokens <= image_at, "a different image: no hit from its first token on"
 
 
-def test_a_budget_smaller_than_an_image_is_refused(tiny_gemma3_vlm: tuple[Path, Any]) -> None:
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        ({"scheduler": {"max_num_batched_tokens": 3, "max_num_seqs": 2}}, "scheduler.max_num_batched_tokens"),
+        ({"engine": {"deterministic": "on"}}, "engine.deterministic"),
+    ],
+    ids=["budget-under-an-image", "deterministic"],
+)
+def test_what_cannot_keep_an_image_bidirectional_is_refused(
+    tiny_gemma3_vlm: tuple[Path, Any], section: dict[str, Any], key: str
+) -> None:
+    """A step budget smaller than an image (its block never fits a chunk) and the batch-invariant
+    backend (no image blocks) are refused at start, naming the key."""
     folder, _ = tiny_gemma3_vlm
-    cfg = {
-        "model": {"path": str(folder), "kind": "hf", "dtype": "float32"},
-        "scheduler": {"max_num_batched_tokens": 3, "max_num_seqs": 2},
-    }
-    with pytest.raises(ConfigError, match="max_num_batched_tokens"):
+    cfg = {"model": {"path": str(folder), "kind": "hf", "dtype": "float32"}, **section}
+    with pytest.raises(ConfigError) as e:
         LLM(config_from_dict(cfg))
+    assert e.value.key == key
