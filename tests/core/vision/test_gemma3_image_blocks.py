@@ -72,3 +72,28 @@ def test_image_blocks_match_transformers_mask(window: int | None, cached: int) -
     mask = hf_mask(window)
     assert mask[3, 6] and not mask[7, 9], "image tokens see their block ahead; text never looks ahead"
     torch.testing.assert_close(out, reference(q, k, v, mask)[cached:], atol=1e-5, rtol=1e-5)
+
+
+def test_chunks_never_split_a_bidirectional_image() -> None:
+    """MmPayload.chunk_tokens (the scheduler's and the block manager's cut) and blocks (the step's
+    image_blocks), over images at [3, 7) and [9, 13)."""
+    import numpy as np
+    from rillet.core.vision.payload import MmItem, MmPayload
+
+    items = tuple(MmItem(lo, hi - lo, bytes([lo]), np.zeros(1, np.float32)) for lo, hi in BLOCKS)
+    mm = MmPayload(items, bidirectional=True)
+    cases = {
+        (0, 3): 3,
+        (0, 5): 3,
+        (0, 7): 7,
+        (3, 2): 0,
+        (3, 4): 4,
+        (5, 3): 3,
+        (5, 1): 0,
+        (7, 4): 2,
+        (0, 14): 14,
+    }
+    assert {k: mm.chunk_tokens(*k) for k in cases} == cases
+    assert MmPayload(items).chunk_tokens(0, 5) == 5, "Qwen's images may be cut (embeddings sliced)"
+    assert (mm.blocks(0, 8), mm.blocks(7, 9), mm.blocks(8, 14)) == (((3, 7),), (), ((9, 13),))
+    assert MmPayload(items).blocks(0, 14) == ()

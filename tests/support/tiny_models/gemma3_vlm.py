@@ -75,8 +75,16 @@ def tokenizer_backend() -> Any:
     return tok
 
 
-def build_gemma3_vlm(folder: Path, seed: int = 0) -> Any:
-    """Save the model, tokenizer and processor under `folder`; -> the fp32 HF model in eval."""
+def build_gemma3_vlm(
+    folder: Path,
+    seed: int = 0,
+    text: dict[str, Any] | None = None,
+    vision: dict[str, Any] | None = None,
+    mm_tokens: int = MM_TOKENS,
+    image_size: int = IMAGE_SIZE,
+) -> Any:
+    """Save the model, tokenizer and processor under `folder`; -> the fp32 HF model in eval.
+    `text` / `vision`: config keys over TEXT_CONFIG / VISION_CONFIG (a larger model: benchmarks)."""
     import transformers
     from transformers.models.gemma3 import Gemma3ImageProcessorPil
 
@@ -99,9 +107,9 @@ def build_gemma3_vlm(folder: Path, seed: int = 0) -> Any:
         IMAGE,
     ], "the special image tokens must take the ids the config names"
     cfg = transformers.Gemma3Config(
-        text_config=TEXT_CONFIG,
-        vision_config=VISION_CONFIG,
-        mm_tokens_per_image=MM_TOKENS,
+        text_config={**TEXT_CONFIG, **(text or {})},
+        vision_config={**VISION_CONFIG, **(vision or {})},
+        mm_tokens_per_image=mm_tokens,
         boi_token_index=BOI,
         eoi_token_index=EOI,
         image_token_index=IMAGE,
@@ -112,9 +120,9 @@ def build_gemma3_vlm(folder: Path, seed: int = 0) -> Any:
     with torch.no_grad():  # projector init is all zeros: images would vanish
         model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.3)
     model.save_pretrained(folder)
-    image_proc = Gemma3ImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    image_proc = Gemma3ImageProcessorPil(size={"height": image_size, "width": image_size})
     proc = transformers.Gemma3Processor(
-        image_processor=image_proc, tokenizer=fast, chat_template=CHAT_TEMPLATE, image_seq_length=MM_TOKENS
+        image_processor=image_proc, tokenizer=fast, chat_template=CHAT_TEMPLATE, image_seq_length=mm_tokens
     )
     proc.save_pretrained(folder)
     return model
