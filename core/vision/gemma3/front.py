@@ -71,8 +71,8 @@ class Gemma3Front:
         inserted "\n\n" tokenized again as one run."""
         a = self.arch
         block = [a.boi_token_id] + [a.image_token_id] * a.mm_tokens_per_image + [a.eoi_token_id]
-        # pieces: (id, 0) for a token kept as is, (id or -1, newlines) for a newline piece
-        pieces: list[tuple[int, int, bool]] = []  # (id, newlines, inserted)
+        # (id, newlines, inserted): newlines 0 for any other token; an inserted "\n\n" has id -1
+        pieces: list[tuple[int, int, bool]] = []
         for t in prompt_ids:
             if t == a.boi_token_id:
                 pieces.append((-1, 2, True))
