@@ -10,14 +10,15 @@
 
 The engine does the rest: the encoder cache and budget (encoder_cache.py), the prefix cache's image
 hashes (core/engine/block_manager.py), chunked prefill (slices of an image's cached embeddings),
-M-RoPE positions at prefill and position + delta at decode (core/runner/mm_inputs.py)."""
+M-RoPE positions at prefill and position + delta at decode (mm_step.py). A family is chosen by
+config.json's model_type in setup.py's `load_vision` (and attach.py's `is_vision_folder`), which
+returns a `VisionModel(front, tower)`."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from rillet.core.vision.front import VisionFront
 from rillet.core.vision.payload import MmItem
 
 if TYPE_CHECKING:
@@ -31,9 +32,3 @@ class VisionTower(Protocol):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None: ...
 
-
-class VisionFamily(Protocol):
-    """A loaded vision-language model's image side: the front end and the tower."""
-
-    front: VisionFront
-    tower: VisionTower

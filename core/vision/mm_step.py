@@ -43,6 +43,9 @@ class VisionStep:
         chunks, decodes = split_batch(batch)
         if not any(s.mm is not None for s in batch.seqs):
             return positions, None
+        if not chunks:  # a decode step: one token per row, each at position + its delta
+            deltas = torch.tensor([s.rope_delta for s in decodes], dtype=torch.int64)
+            return positions + deltas.to(self.device), None
         order = chunks + [(s, 1) for s in decodes]
         flat = np.concatenate([_flat(s, n) for s, n in order])
         rope = torch.from_numpy(flat).to(self.device)

@@ -38,7 +38,6 @@ class QwenVisionTower:
         half = self.dim // self.heads // 2
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, half, 2, dtype=torch.float) / half))
         self.params: dict[str, torch.Tensor] = {}
-        self.runs = 0  # tower forwards (engine stats: a repeated image is encoded once)
 
     # ---- weights ---------------------------------------------------------------------------
     def claims(self, name: str) -> bool:
@@ -80,7 +79,6 @@ class QwenVisionTower:
     @torch.inference_mode()
     def encode(self, items: Sequence[MmItem]) -> list[torch.Tensor]:
         """Each image's merged embeddings [item.length, text hidden], one batch for all."""
-        self.runs += 1
         pixels = torch.cat([torch.from_numpy(it.pixels) for it in items]).to(self.dtype)
         x = F.linear(pixels, self._w("patch_embed.proj.weight"))  # [N, dim]
         cos, sin = self._rope(items)

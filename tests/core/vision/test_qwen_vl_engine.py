@@ -78,6 +78,18 @@ def test_batched_with_a_text_request(qwen: tuple[Path, Any, Any], llm: LLM) -> N
     _check(qwen, got[1], ids_txt, [])
 
 
+def test_multi_turn_with_images(qwen: tuple[Path, Any, Any], llm: LLM) -> None:
+    """An image in the first turn, an answer, another image in the second turn."""
+    history = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]},
+        {"role": "assistant", "content": "A pattern of dots."},
+    ]
+    images = [png(31, 60, 60), png(32, 40, 100)]
+    ids = chat_ids(1, "And this one?", history)
+    got = llm.generate([ids], GREEDY, images=[images])[0]
+    _check(qwen, got, ids, images)
+
+
 def test_prefix_cache_keys_on_the_image(qwen: tuple[Path, Any, Any], llm: LLM) -> None:
     ids = chat_ids(1, "Which colour dominates here?")
     first, same, other = [png(10, 56, 84)], [png(10, 56, 84)], [png(11, 56, 84, level=255)]

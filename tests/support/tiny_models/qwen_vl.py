@@ -122,11 +122,12 @@ def png(seed: int, height: int, width: int, level: int | None = None) -> Any:
     return decode_image(buf.getvalue(), f"image{seed}", 10**8)
 
 
-def chat_ids(images: int, text: str) -> list[int]:
-    """The chat template's prompt for one user turn: `images` image entries, then `text`."""
+def chat_ids(images: int, text: str, history: list[dict[str, Any]] | None = None) -> list[int]:
+    """The chat template's prompt for a user turn of `images` image entries, then `text`, after
+    the turns of `history`."""
     tok = tokenizer()
     content = [{"type": "image"}] * images + [{"type": "text", "text": text}]
-    msgs = [{"role": "user", "content": content}]
+    msgs = [*(history or []), {"role": "user", "content": content}]
     rendered = tok.apply_chat_template(
         msgs, add_generation_prompt=True, tokenize=False, chat_template=CHAT_TEMPLATE
     )
