@@ -212,7 +212,7 @@ def load_model(
             from rillet.core.loaders.hf import load_hf_folder
 
             arch, weights = load_hf_folder(src.path, dtype)
-            vision = load_vision(src.path, dtype)
+            vision = load_vision(src.path, dtype, device)
             if vision is not None:  # the tower takes its tensors, the text model the rest
                 weights = split_weights(weights, vision.tower)
             if src.st is not None or src.base:  # saved by sentence-transformers, or bare: the base model

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from rillet.graphs.runner import GraphRunner
+from tiny_models.gemma3_vlm import build_gemma3_vlm
 from tiny_models.hf_folders import TinyHFModel, make_tiny_hf_model
 from tiny_models.lora_adapters import build_lora_setup
 from tiny_models.st_folders import make_st_folder
@@ -183,3 +184,11 @@ def st_folder(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """Factory: `st_folder("bert" | "decoder", pooling=..., normalize=...)` -> a tiny random
     sentence-transformers folder; identical arguments reuse it (tiny_models/st_folders.py)."""
     return make_st_folder(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_vlm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """(folder, fp32 HF Gemma3ForConditionalGeneration): a tiny random Gemma 3 vision-language model
+    with its tokenizer and processor, saved by transformers (tiny_models/gemma3_vlm.py)."""
+    folder = tmp_path_factory.mktemp("hf_gemma3_vlm")
+    return folder, build_gemma3_vlm(folder)

@@ -8,7 +8,10 @@ seq_lens[b] - q_len_b + i and attends causally to positions <= that.
 Per-layer options (keyword arguments of `forward`): `scale` multiplies q.k; `window` (sliding-window
 layers) restricts query position p to keys at positions > p - window; `softcap` maps each score s
 to softcap * tanh(s / softcap) before the mask and softmax (Gemma 2). A backend that cannot do one
-raises a ValueError naming it.
+raises a ValueError naming it. `AttentionMetadata.image_blocks` (Gemma 3's images) makes a query
+inside a block see the whole block, later positions too: mask = (causal | same block) & window,
+as transformers builds it; a block is never split across prefill chunks (its later tokens must be
+in the same step), and decode rows never carry one.
 
 KV cache layout (shared by all backends, flashinfer's "NHD"):
   k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim] per layer, in the pool's
@@ -39,6 +42,9 @@ class AttentionMetadata:
     seq_lens_cpu: list[int]  # [B] host copy
     block_size: int
     num_prefills: int  # sequences [0, num_prefills) have q_len > 1 or a fresh prompt; rest decode
+    # per sequence: the [start, end) position ranges attended bidirectionally (Gemma 3's images:
+    # a query inside one sees all of it, later tokens included); None: every sequence causal
+    image_blocks: list[tuple[tuple[int, int], ...]] | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -86,6 +92,8 @@ class AttentionBackend(ABC):
     # True when forward() takes a DecodeMetadata for decode steps (tensors only, no planning), and
     # a VerifyMetadata for speculative verify steps
     graph_safe_decode: bool = False
+    # True when prefill honours AttentionMetadata.image_blocks (bidirectional image tokens)
+    image_blocks: bool = False
 
     def begin_step(self, meta: AttentionMetadata) -> None:  # noqa: B027 - optional hook
         """Called once per step before the forward, outside any CUDA graph (flashinfer's plan())."""

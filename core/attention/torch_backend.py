@@ -77,6 +77,7 @@ class TorchAttentionBackend(AttentionBackend):
     # compiled on CPU, and capturable into CUDA graphs (the fallback when flashinfer is absent)
     graph_safe_decode = True
     supports_cuda_graphs = True
+    image_blocks = True
 
     def __init__(self, trim_decode: bool | None = None, paged_kernel: bool = False) -> None:
         self.trim_decode = trim_decode
@@ -127,11 +128,13 @@ class TorchAttentionBackend(AttentionBackend):
         start = 0
         for b in range(n_pre):
             end = start + qlens[b]
+            blocks = meta.image_blocks[b] if meta.image_blocks is not None else ()
+            opts_b = opts._replace(blocks=blocks) if blocks else opts
             if qlens[b] == slens[b]:  # K/V as the cache holds them, as a later chunk reads them
                 kb, vb = (stored(x[start:end], k_cache.dtype) for x in (k, v))
-                out[start:end] = _causal(q[start:end], kb, vb, opts)
+                out[start:end] = _causal(q[start:end], kb, vb, opts_b)
             else:
-                out[start:end] = self._chunk(q[start:end], k_cache, v_cache, meta, b, opts)
+                out[start:end] = self._chunk(q[start:end], k_cache, v_cache, meta, b, opts_b)
             start = end
         if n_pre < meta.num_seqs:
             out[start:used] = self._decode(q[start:used], k_cache, v_cache, meta, n_pre, opts)
@@ -154,11 +157,9 @@ class TorchAttentionBackend(AttentionBackend):
         ks, vs = opts.cache_scales or (None, None)
         kc = gather_context(k_cache, table, ks, q.dtype)[:, :, : s - first * bs]  # [1, Hkv, S', D]
         vc = gather_context(v_cache, table, vs, q.dtype)[:, :, : s - first * bs]
-        qpos = torch.arange(s - n, s, device=q.device)[:, None]
-        kpos = torch.arange(first * bs, s, device=q.device)[None, :]
-        mask = kpos <= qpos  # [L, S']
-        if opts.window is not None:
-            mask &= kpos > qpos - opts.window
+        qpos = torch.arange(s - n, s, device=q.device)
+        kpos = torch.arange(first * bs, s, device=q.device)
+        mask = _mask(qpos, kpos, opts)  # [L, S']
         return _attend(q.transpose(0, 1)[None], kc, vc, mask, opts)[0].transpose(0, 1)
 
     def _decode(
@@ -192,6 +193,25 @@ class _Opts(NamedTuple):
     window: int | None
     softcap: float | None
     cache_scales: Scales | None = None  # the layer's int8 scales
+    blocks: tuple[tuple[int, int], ...] = ()  # the sequence's bidirectional position ranges
+
+
+def _mask(qpos: torch.Tensor, kpos: torch.Tensor, opts: _Opts) -> torch.Tensor:
+    """[L, S] bool, True = attend: causal, or both in one image block; then the window."""
+    mask = kpos[None, :] <= qpos[:, None]
+    if opts.blocks:
+        mask |= _block_ids(qpos, opts.blocks)[:, None] == _block_ids(kpos, opts.blocks)[None, :]
+    if opts.window is not None:
+        mask &= kpos[None, :] > qpos[:, None] - opts.window
+    return mask
+
+
+def _block_ids(pos: torch.Tensor, blocks: tuple[tuple[int, int], ...]) -> torch.Tensor:
+    """Each position's block index; outside every block a distinct negative id (never equal)."""
+    ids = -1 - pos  # distinct per position: text tokens match no other token
+    for i, (lo, hi) in enumerate(blocks):
+        ids = torch.where((pos >= lo) & (pos < hi), i, ids)
+    return ids
 
 
 def _causal(
@@ -204,14 +224,11 @@ def _causal(
     n = q.shape[0]
     if opts.window is not None and n <= opts.window:  # the window reaches back to position 0
         opts = opts._replace(window=None)
-    if opts.window is None and opts.softcap is None:
+    if opts.window is None and opts.softcap is None and not opts.blocks:
         o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=opts.scale, enable_gqa=True)
     else:
         pos = torch.arange(n, device=q.device)
-        mask = pos[None, :] <= pos[:, None]  # [L, L]: key <= query
-        if opts.window is not None:
-            mask &= pos[None, :] > pos[:, None] - opts.window
-        o = _attend(qt, kt, vt, mask, opts)
+        o = _attend(qt, kt, vt, _mask(pos, pos, opts), opts)  # [L, L]
     return o[0].transpose(0, 1)
 
 

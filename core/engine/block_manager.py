@@ -130,6 +130,8 @@ class BlockManager:
         hits, hashes = self._lookup(seq)
         cached = len(hits) * self.block_size
         chunk = min(seq.num_tokens - cached, budget)
+        if seq.mm is not None:  # a chunk never splits a bidirectional image (Gemma 3)
+            chunk = seq.mm.chunk_tokens(cached, chunk)
         need = -(-(cached + chunk) // self.block_size) - len(hits)
         # Hits that are cached-free leave the evictable pool when taken: count them against it.
         free_hits = sum(1 for b in hits if self.ref_count[b] == 0)

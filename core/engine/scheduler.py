@@ -169,6 +169,11 @@ class Scheduler:
             if seq.draft_ids:  # leaves a token of the budget to each running sequence after it
                 n = _with_draft(seq, n, budget - (len(running) - i - 1))
             n = n if n < budget else budget
+            if seq.mm is not None:  # a chunk never splits a bidirectional image (Gemma 3)
+                n = seq.mm.chunk_tokens(seq.num_computed, n)
+                if n == 0:
+                    i += 1  # its image waits for a step with the budget for all of it
+                    continue
             if seq.mm is not None and self.encoder_budget is not None:
                 n = self._fit_images(seq, seq.num_computed, n)
                 if n <= 0:

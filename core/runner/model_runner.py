@@ -138,6 +138,8 @@ class ModelRunner:
         positions, mm = (
             (inp.positions, None) if self.vision is None else self.vision.inputs(batch, inp.positions)
         )
+        if self.vision is not None:  # Gemma 3's images attend bidirectionally within each
+            inp.meta.image_blocks = self.vision.image_blocks(batch)
         multi = self.publish_inputs is None and self.vision is None
         hidden = self._multi_query_hidden(inp) if multi else None
         if hidden is None:  # the flat layout: [T, H], every token of the step

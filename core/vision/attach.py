@@ -10,11 +10,10 @@ from rillet.core.build import ModelSource
 from rillet.core.config import ConfigError, RilletConfig
 from rillet.core.engine.scheduler import Scheduler
 from rillet.core.model.decoder import DecoderModel
-from rillet.core.model.families import QWEN_VL_TYPES
 from rillet.core.runner.model_runner import ModelRunner
 from rillet.core.vision.encoder_cache import EncoderCache
 from rillet.core.vision.mm_step import VisionStep
-from rillet.core.vision.setup import VisionModel
+from rillet.core.vision.setup import VisionModel, is_vision_config
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +21,7 @@ log = logging.getLogger(__name__)
 def is_vision_folder(src: ModelSource) -> bool:
     if src.kind != "hf" or src.path is None or not (src.path / "config.json").is_file():
         return False
-    return json.loads((src.path / "config.json").read_text()).get("model_type") in QWEN_VL_TYPES
+    return is_vision_config(json.loads((src.path / "config.json").read_text()))
 
 
 def refuse_vision(cfg: RilletConfig, src: ModelSource) -> None:
@@ -44,6 +43,7 @@ def attach_vision(
     vision: VisionModel | None = model.vision
     if vision is None:
         return None
+    check_image_blocks(cfg, vision, model)
     cache = EncoderCache(cfg.vision.encoder_cache_mb * 2**20)
     runner.vision = VisionStep(vision.tower, cache, device, mrope=bool(model.arch.mrope_section))
     scheduler.encoder_budget = cfg.vision.encoder_budget_tokens
@@ -51,3 +51,21 @@ def attach_vision(
     front.max_images, front.max_pixels = cfg.vision.max_images, cfg.vision.max_pixels
     log.info("vision: images through %s", type(vision.tower).__name__)
     return vision
+
+
+def check_image_blocks(cfg: RilletConfig, vision: VisionModel, model: DecoderModel) -> None:
+    """A family whose images attend bidirectionally (Gemma 3) needs a prefill attention that
+    honours AttentionMetadata.image_blocks, and a step budget that holds a whole image."""
+    tokens = getattr(vision.front, "image_block_tokens", 0)
+    if not tokens:
+        return
+    if not model.backend.image_blocks:
+        need = "its images' tokens attend to each other, later ones too"
+        if model.backend.name == "invariant":
+            why = f"deterministic attention has no bidirectional image blocks ({need}); set it off"
+            raise ConfigError("engine.deterministic", why)
+        why = f"the {model.backend.name} backend has no bidirectional image blocks ({need}); use torch"
+        raise ConfigError("attention.backend", why)
+    if cfg.scheduler.max_num_batched_tokens < tokens:
+        why = f"must hold one whole image's {tokens} tokens (a prefill chunk never splits one)"
+        raise ConfigError("scheduler.max_num_batched_tokens", why)

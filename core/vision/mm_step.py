@@ -59,6 +59,15 @@ class VisionStep:
             streams = torch.from_numpy(three).to(self.device)
         return rope, MmEmbeds(rows, embeds, streams)
 
+    def image_blocks(self, batch: ScheduledBatch) -> list[tuple[tuple[int, int], ...]] | None:
+        """AttentionMetadata.image_blocks of the step (its sequences in the metadata's order):
+        each prefill chunk's bidirectional images; None when the step has none."""
+        chunks, decodes = split_batch(batch)
+        blocks = [s.mm.blocks(s.num_computed, s.num_computed + n) if s.mm else () for s, n in chunks]
+        if not any(blocks):
+            return None
+        return blocks + [()] * len(decodes)
+
     def _embeds(self, chunks: list[tuple[Seq, int]]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         wanted: list[tuple[int, MmItem, int, int]] = []  # (step row, image, first, end) of its tokens
         at = 0

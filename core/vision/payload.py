@@ -31,12 +31,33 @@ class MmPayload:
 
     `positions` [3, len(prompt)] int64: the three position streams of every prompt token (None: a
     family with ordinary positions); `rope_delta`: what a token past the prompt adds to its own
-    position (decode runs ordinary RoPE at position + rope_delta)."""
+    position (decode runs ordinary RoPE at position + rope_delta); `bidirectional` (Gemma 3):
+    each image's tokens attend to each other, later ones too, so a prefill chunk never splits an
+    image (`chunk_tokens`) and its attention gets the images' ranges (AttentionMetadata.image_blocks)."""
 
     items: tuple[MmItem, ...]
     positions: np.ndarray | None = None
     rope_delta: int = 0
+    bidirectional: bool = False
 
     def overlapping(self, start: int, end: int) -> list[MmItem]:
         """The images with a token in [start, end)."""
         return [it for it in self.items if it.offset < end and it.end > start]
+
+    def chunk_tokens(self, start: int, n: int) -> int:
+        """How many of the `n` tokens from `start` a prefill chunk may take: all of them, unless
+        they end inside a bidirectional image, then up to that image (0 when the chunk would
+        start with it: it waits for a budget it fits in)."""
+        if not self.bidirectional:
+            return n
+        end = start + n
+        for it in self.items:
+            if it.offset < end < it.end:
+                return max(0, it.offset - start)
+        return n
+
+    def blocks(self, start: int, end: int) -> tuple[tuple[int, int], ...]:
+        """The [offset, end) ranges of the bidirectional images with a token in [start, end)."""
+        if not self.bidirectional:
+            return ()
+        return tuple((it.offset, it.end) for it in self.overlapping(start, end))

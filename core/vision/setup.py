@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from rillet.core.model.families import QWEN_VL_TYPES
@@ -22,11 +23,23 @@ class VisionModel:
     tower: VisionTower
 
 
-def load_vision(root: Path, dtype: torch.dtype) -> VisionModel | None:
-    """The folder's vision model (weights not loaded yet: `split_weights`), None for a text model."""
+def is_vision_config(cfg: dict[str, Any]) -> bool:
+    """A vision-language model's config.json: Qwen2-VL / 2.5-VL, or a Gemma 3 with its tower (a
+    text-only Gemma 3 is `gemma3_text`)."""
+    mt = cfg.get("model_type")
+    return mt in QWEN_VL_TYPES or (mt == "gemma3" and isinstance(cfg.get("vision_config"), dict))
+
+
+def load_vision(root: Path, dtype: torch.dtype, device: torch.device | str = "cpu") -> VisionModel | None:
+    """The folder's vision model (weights not loaded yet: `split_weights`), None for a text model.
+    `device`: where a tower that places itself runs (Gemma 3's: the model's device)."""
     cfg = json.loads((root / "config.json").read_text())
-    if cfg.get("model_type") not in QWEN_VL_TYPES:
+    if not is_vision_config(cfg):
         return None
+    if cfg.get("model_type") == "gemma3":
+        from rillet.core.vision.gemma3.setup import load_gemma3_vision
+
+        return VisionModel(*load_gemma3_vision(root, dtype, device))
     from rillet.core.vision.qwen2_vl.front import QwenVLFront
     from rillet.core.vision.qwen2_vl.pixels import Preprocessor
     from rillet.core.vision.qwen2_vl.tower import QwenVisionTower
