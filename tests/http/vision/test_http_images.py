@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from fake_engine import FakeEngine
 from http_doubles.fake_vision import IMAGE_TOKEN, FakeVision, PartsTokenizer, image_tokens
+from http_doubles.images import b64, data_url, image_bytes, noise_png
 from http_helpers import Resp, post, request, serving
-from image_helpers import b64, data_url, image_bytes, noise_png
 from rillet.core.config import load_config
 from rillet.core.vision.image import decode_image
 from rillet.http.background import BackgroundServer

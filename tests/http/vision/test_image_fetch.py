@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from image_helpers import image_bytes
+from http_doubles.images import image_bytes
 from rillet.core.config import load_config
 from rillet.core.config.vision import VisionConfig
 from rillet.core.vision.image import ImageError, ImageErrorKind

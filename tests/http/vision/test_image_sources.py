@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from image_helpers import b64, image_bytes
+from http_doubles.images import b64, image_bytes
 from rillet.core.config import ConfigError, load_config
 from rillet.core.vision.image import ImageError, ImageErrorKind
 from rillet.http.vision.guard import host_allowed, is_public

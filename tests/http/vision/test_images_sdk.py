@@ -13,8 +13,8 @@ import openai
 import pytest
 from fake_engine import FakeEngine
 from http_doubles.fake_vision import FakeVision, PartsTokenizer
+from http_doubles.images import b64, data_url, image_bytes
 from http_helpers import serving
-from image_helpers import b64, data_url, image_bytes
 from rillet.core.config import load_config
 from rillet.core.vision.image import decode_image
 
