@@ -47,6 +47,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
+        # Inductor compiles its C++ on a thread per core, decided at its first compile (here, and
+        # in the compile children and subprocesses, which inherit this): the other worker holds
+        # the second core, and the threads cost CPU time of their own (cold, alone on 2 cores:
+        # test_small_batch_step 60 -> 53 s user, test_compiled_verify[auto] 30 -> 26 s, neither
+        # slower in wall time)
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     # xdist's loadfile queue is sorted by test count by default, which sends the modules of one or
     # two long tests (a compile, the numerics subprocesses) last: one worker then runs them alone
     # while the other idles. Queued in collection order instead, heavy modules first (below).

@@ -42,14 +42,15 @@ def capped() -> bool:
 
 @pytest.mark.skipif(capped(), reason="ATen's capability is AVX2 or lower here: the suite ran under it")
 @pytest.mark.timeout(1500)
-def test_isa_sensitive_tests_pass_under_an_avx2_cap() -> None:
+def test_isa_sensitive_tests_pass_under_an_avx2_cap(request: pytest.FixtureRequest) -> None:
     # one torch thread, as an xdist worker has (tests/conftest.py); no xdist in the child
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")} | AVX2_CAP
     env["OMP_NUM_THREADS"] = "1"
     # beside this process's Inductor cache, never in it (tests/conftest.py: one folder per cap)
     env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).parent / "isa-avx2")
+    args = ["-q", "-m", "isa", "-p", "no:cacheprovider", "-p", "no:xdist", *_isa_modules(request.session)]
     r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-m", "isa", "-p", "no:cacheprovider", "-p", "no:xdist"],
+        [sys.executable, "-m", "pytest", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -58,3 +59,11 @@ def test_isa_sensitive_tests_pass_under_an_avx2_cap() -> None:
     )
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
     assert " passed" in r.stdout.splitlines()[-1]
+
+
+def _isa_modules(session: pytest.Session) -> list[str]:
+    """The modules holding a test marked `isa` among what this session collected (the whole suite
+    under `make test`, an xdist worker included): the child collects those alone, not the whole
+    tree (~20 s of one core's time, importing every test module to deselect it). Run without
+    them (this file alone), the child collects the whole tree and selects by the mark as before."""
+    return sorted({item.nodeid.split("::", 1)[0] for item in session.items if item.get_closest_marker("isa")})
