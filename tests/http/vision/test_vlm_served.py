@@ -27,6 +27,7 @@ from tiny_models.qwen_vl import IMAGE_TOKEN_ID, chat_ids, hf_generate, make_qwen
 NEW = 6
 MODEL = "qwen2-vl-tiny"
 BLOCK = 16  # cache.block_size, set below
+ATOL = 1e-4  # fp32 logprobs through a different summation order
 
 
 def png_bytes(seed: int, height: int, width: int) -> bytes:
@@ -180,6 +181,14 @@ def test_prefix_cache_keys_on_the_image(qwen: Any, clients: Any) -> None:
     assert c.usage.prompt_tokens_details.cached_tokens <= start  # no block of the first image
     _, tokens = want(qwen, [other], text)
     assert [e.bytes for e in c.choices[0].logprobs.content] == token_bytes(tokens)
+    # the tiny model's greedy tokens may agree on the two images, its first logprob does not: a
+    # hit on the first image's blocks would have given the first image's number
+    _, _, lp_a = hf_generate(qwen[1], qwen[2], ids, [as_input(first)], NEW)
+    _, _, lp_c = hf_generate(qwen[1], qwen[2], ids, [as_input(other)], NEW)
+    got_a, got_c = a.choices[0].logprobs.content[0].logprob, c.choices[0].logprobs.content[0].logprob
+    assert got_a == pytest.approx(float(lp_a.max()), abs=ATOL)
+    assert got_c == pytest.approx(float(lp_c.max()), abs=ATOL)
+    assert abs(got_a - got_c) > 10 * ATOL
 
 
 def test_loopback_url_refused(clients: Any) -> None:
