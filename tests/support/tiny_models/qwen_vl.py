@@ -1,7 +1,8 @@
 """A tiny random Qwen2-VL (or Qwen2.5-VL) folder as transformers saves one for the hub: config with
 a small vision tower, weights, a byte-level tokenizer built offline (256 byte tokens, then Qwen's
 special tokens), Qwen2-VL's chat template and a Qwen2VLImageProcessorPil with small pixel bounds
-(images of a few dozen pixels a side give a few dozen image tokens)."""
+(images of a few dozen pixels a side give a few dozen image tokens); plain added tokens fill the
+vocabulary up to the model's 300 ids."""
 
 from __future__ import annotations
 
@@ -61,6 +62,9 @@ def tokenizer() -> Any:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIALS)
+    # plain added tokens up to the model's vocabulary: every id the random model may pick has a
+    # text, so served answers can be compared with transformers' ids token by token
+    tok.add_tokens([f"<|extra_{i}|>" for i in range(256 + len(SPECIALS), int(TEXT["vocab_size"]))])
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>"
     )
