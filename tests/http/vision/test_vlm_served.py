@@ -17,8 +17,8 @@ import anthropic
 import numpy as np
 import openai
 import pytest
+from http_doubles.images import b64, data_url
 from http_helpers import serving
-from image_helpers import b64, data_url
 from PIL import Image
 from rillet.core.config import load_config
 from rillet.core.vision.image import ImageInput, decode_image
