@@ -13,23 +13,9 @@ from typing import Any
 
 import openai
 
+from bench.lib.common import words
+
 BLOCK = 16  # cache.block_size: prefix hits are whole blocks
-WORDS = [
-    "river",
-    "stone",
-    "lantern",
-    "orchard",
-    "copper",
-    "meadow",
-    "harbor",
-    "violet",
-    "thunder",
-    "garden",
-    "silver",
-    "candle",
-]
-
-
 @dataclass(frozen=True)
 class Workload:
     conversations: int
@@ -49,10 +35,6 @@ class Turn:
     ttft_s: float
 
 
-def _text(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
-
-
 async def _conversation(
     client: openai.AsyncOpenAI, model: str, wl: Workload, system: str, conv: int, seed: int
 ) -> list[Turn]:
@@ -60,7 +42,7 @@ async def _conversation(
     messages: list[dict[str, str]] = [{"role": "system", "content": system}]
     out = []
     for t in range(wl.turns):
-        messages.append({"role": "user", "content": f"Chat {conv}, turn {t}: {_text(rng, wl.user_words)}"})
+        messages.append({"role": "user", "content": f"Chat {conv}, turn {t}: {words(rng, wl.user_words)}"})
         t0 = time.perf_counter()
         ttft, parts, usage = None, [], None
         stream = await client.chat.completions.create(
@@ -108,7 +90,7 @@ def summarize(turns: list[Turn], system_tokens: int, wall: float) -> dict[str, A
 async def run_workload(base_url: str, wl: Workload, seed: int) -> dict[str, Any]:
     client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0, timeout=600)
     model = (await client.models.list()).data[0].id
-    system = "You are a patient assistant. " + _text(random.Random(seed), wl.system_words)
+    system = "You are a patient assistant. " + words(random.Random(seed), wl.system_words)
     # the system prompt's own tokens (its chat-template framing included): one request's prompt_tokens
     probe = await client.chat.completions.create(
         model=model,

@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import resource
 import sys
 import time
@@ -19,6 +20,26 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "bench" / "out"  # default place of a benchmark's JSON (git-ignored)
 TESTS_SUPPORT = REPO / "tests" / "support"
+# Prompt words for multi-turn workloads: each its own token, so prompt lengths are predictable
+WORDS = [
+    "river",
+    "stone",
+    "lantern",
+    "orchard",
+    "copper",
+    "meadow",
+    "harbor",
+    "violet",
+    "thunder",
+    "garden",
+    "silver",
+    "candle",
+]
+
+
+def words(rng: random.Random, n: int) -> str:
+    """`n` of WORDS drawn by `rng`, space-separated."""
+    return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
 def use_test_support() -> None:

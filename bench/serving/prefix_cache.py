@@ -22,26 +22,7 @@ from rillet.core.config import config_from_dict
 from rillet.core.llm import LLM
 from rillet.core.sampling_params import SamplingParams
 
-from bench.lib.common import decode_path, peak_rss_mib, table, write_json
-
-WORDS = [
-    "river",
-    "stone",
-    "lantern",
-    "orchard",
-    "copper",
-    "meadow",
-    "harbor",
-    "violet",
-    "thunder",
-    "garden",
-    "silver",
-    "candle",
-]
-
-
-def text(rng: random.Random, n_words: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n_words))
+from bench.lib.common import decode_path, peak_rss_mib, table, words, write_json
 
 
 def ttft(llm: LLM, ids: list[int]) -> float:
@@ -60,11 +41,11 @@ def bench_ttft(prefix_len: int, repeats: int, short_prefill: int | None = None) 
     with LLM(cfg) as llm:
         path = decode_path(llm)
         tok = llm.tokenizer
-        ttft(llm, tok.encode(text(rng, 50)))  # warm-up
+        ttft(llm, tok.encode(words(rng, 50)))  # warm-up
         for _ in range(repeats):
-            prefix = tok.encode(text(rng, prefix_len * 2))[:prefix_len]
-            cold.append(ttft(llm, prefix + tok.encode(" question one: " + text(rng, 8))))
-            warm.append(ttft(llm, prefix + tok.encode(" question two: " + text(rng, 8))))
+            prefix = tok.encode(words(rng, prefix_len * 2))[:prefix_len]
+            cold.append(ttft(llm, prefix + tok.encode(" question one: " + words(rng, 8))))
+            warm.append(ttft(llm, prefix + tok.encode(" question two: " + words(rng, 8))))
     c, w = statistics.median(cold), statistics.median(warm)
     return {
         "short_prefill": cfg.graphs.short_prefill,
@@ -81,7 +62,7 @@ def bench_chat(caching: bool, conversations: int, turns: int, max_tokens: int) -
     rng = random.Random(1)
     with LLM(cfg) as llm:
         tok = llm.tokenizer
-        histories = [[{"role": "user", "content": text(rng, 40)}] for _ in range(conversations)]
+        histories = [[{"role": "user", "content": words(rng, 40)}] for _ in range(conversations)]
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         prompt_tokens = gen_tokens = 0
         t0 = time.perf_counter()
@@ -90,7 +71,7 @@ def bench_chat(caching: bool, conversations: int, turns: int, max_tokens: int) -
             outs = llm.generate(prompts, params)
             for h, o, p in zip(histories, outs, prompts, strict=True):
                 h.append({"role": "assistant", "content": o.outputs[0].text})
-                h.append({"role": "user", "content": text(rng, 20)})
+                h.append({"role": "user", "content": words(rng, 20)})
                 prompt_tokens += len(p)
                 gen_tokens += len(o.outputs[0].token_ids)
         wall = time.perf_counter() - t0
