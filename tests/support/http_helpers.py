@@ -38,6 +38,27 @@ def serving(engine: Any, *overrides: str, cfg: RilletConfig | None = None) -> It
         srv.stop()
 
 
+@contextmanager
+def sdk_clients(overrides: list[str]) -> Iterator[tuple[Any, Any]]:
+    """A real engine built from `overrides`, served on 127.0.0.1, and the official `openai` and
+    `anthropic` clients pointed at it (no retries: a failure shows as it is)."""
+    import anthropic
+    import openai
+    from rillet.core.engine.engine import Engine
+
+    cfg = load_config(None, overrides)
+    engine = Engine(cfg)
+    engine.start()
+    try:
+        with serving(engine, cfg=cfg) as srv:
+            yield (
+                openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0, timeout=60),
+                anthropic.Anthropic(base_url=srv.root_url, api_key="x", max_retries=0, timeout=60),
+            )
+    finally:
+        engine.shutdown()
+
+
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not cond():

@@ -17,9 +17,8 @@ import openai
 import pytest
 import torch
 from http_doubles.images import b64, data_url
-from http_helpers import serving
+from http_helpers import sdk_clients
 from PIL import Image
-from rillet.core.config import load_config
 
 NEW = 6
 MODEL = "gemma3-vlm-tiny"
@@ -52,21 +51,10 @@ def want(tiny_gemma3_vlm: tuple[Path, Any], png: bytes) -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def clients(tiny_gemma3_vlm: tuple[Path, Any]) -> Iterator[tuple[openai.OpenAI, anthropic.Anthropic]]:
-    from rillet.core.engine.engine import Engine
-
     folder, _ = tiny_gemma3_vlm
     overrides = [f"model.path={folder}", f"model.served_name={MODEL}", "model.dtype=float32"]
-    cfg = load_config(None, [*overrides, "graphs.enabled=off"])
-    engine = Engine(cfg)
-    engine.start()
-    try:
-        with serving(engine, cfg=cfg) as srv:
-            yield (
-                openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0, timeout=60),
-                anthropic.Anthropic(base_url=srv.root_url, api_key="x", max_retries=0, timeout=60),
-            )
-    finally:
-        engine.shutdown()
+    with sdk_clients([*overrides, "graphs.enabled=off"]) as both:
+        yield both
 
 
 def test_openai_chat_and_stream_match_transformers(clients: Any, png: bytes, want: tuple[int, str]) -> None:

@@ -18,9 +18,8 @@ import numpy as np
 import openai
 import pytest
 from http_doubles.images import b64, data_url
-from http_helpers import serving
+from http_helpers import sdk_clients
 from PIL import Image
-from rillet.core.config import load_config
 from rillet.core.vision.image import ImageInput, decode_image
 from tiny_models.qwen_vl import IMAGE_TOKEN_ID, chat_ids, hf_generate, make_qwen_vl, tokenizer
 
@@ -50,8 +49,6 @@ def qwen(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
 
 @pytest.fixture(scope="module")
 def clients(qwen: tuple[Path, Any, Any]) -> Iterator[tuple[openai.OpenAI, anthropic.Anthropic]]:
-    from rillet.core.engine.engine import Engine
-
     overrides = [
         f"model.path={qwen[0]}",
         f"model.served_name={MODEL}",
@@ -59,17 +56,8 @@ def clients(qwen: tuple[Path, Any, Any]) -> Iterator[tuple[openai.OpenAI, anthro
         f"cache.block_size={BLOCK}",
         "graphs.enabled=off",
     ]
-    cfg = load_config(None, overrides)
-    engine = Engine(cfg)
-    engine.start()
-    try:
-        with serving(engine, cfg=cfg) as srv:
-            yield (
-                openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0, timeout=60),
-                anthropic.Anthropic(base_url=srv.root_url, api_key="x", max_retries=0, timeout=60),
-            )
-    finally:
-        engine.shutdown()
+    with sdk_clients(overrides) as both:
+        yield both
 
 
 def want(qwen: tuple[Path, Any, Any], images: list[bytes], text: str) -> tuple[int, list[int]]:
